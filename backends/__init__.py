@@ -1,0 +1,1 @@
+"""Framework backends: thin launchers over the kernels' launch plans."""

@@ -1,0 +1,1 @@
+"""PyTorch backend (issue 3): torch tensors -> launch plan -> kernel."""

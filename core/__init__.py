@@ -1,0 +1,43 @@
+"""Framework-agnostic core of mamba_align: configuration, per-step bookkeeping, slot
+resolution, the copy reference, a reference scheduler and a symbolic simulation.
+
+Imports NumPy only; this is the reference every kernel and backend is tested against.
+"""
+
+from .block_pool import BlockPool
+from .bookkeeping import (
+    PostprocessPlan,
+    PreprocessPlan,
+    SlotState,
+    accept,
+    add_requests,
+    check_slots,
+    init_slots,
+    postprocess,
+    preprocess,
+    running_column,
+)
+from .config import DTYPES, LAYOUTS, CacheConfig, ConvSpec, StateSpec, TemporalSpec
+from .copy_ref import (
+    CopyPlan,
+    apply_conv_copy,
+    apply_copy,
+    apply_temporal_copy,
+    copy_plan,
+    postprocess_copy_plan,
+    precopy_plan,
+)
+from .scheduler import (
+    CachedBlock,
+    Request,
+    Scheduler,
+    StepBatch,
+    StepResult,
+    exact_drafter,
+    pad_batch,
+)
+from .simulate import RowRecord, StepRecord, SymbolicRunner
+from .slots import MODES, KernelSlots, gather_columns, resolve_slots, window_blocks
+from .symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
+
+__all__ = [name for name in dir() if not name.startswith("_")]

@@ -1,0 +1,125 @@
+"""Cache configuration: block size, speculative blocks and the state kinds of a layer.
+
+A state pool of kind ``k`` is one array ``[L, NB, *block_shape]`` (layers x physical
+blocks x block shape). Two kinds exist:
+
+* :class:`ConvSpec` — the causal-conv window, ``W = K - 1 + S`` rows of width ``D``;
+  row-major ``"SD"`` (``[W, D]``) or transposed ``"DS"`` (``[D, W]``).
+* :class:`TemporalSpec` — the recurrent (SSM) state, any fixed block shape, e.g. the
+  Gated DeltaNet state ``[HV, V, K]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Tuple, Union
+
+from .checks import positive_int
+
+#: Element types a pool may hold. Copies are bit copies, so any of them works everywhere.
+DTYPES = ("float32", "bfloat16", "float16")
+LAYOUTS = ("SD", "DS")
+
+
+def _check_dtype(owner: str, dtype: str) -> None:
+    if dtype not in DTYPES:
+        raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {dtype!r}")
+
+
+@dataclass(frozen=True)
+class ConvSpec:
+    """Causal-conv state: kernel size ``K >= 2``, channel count ``D >= 1``, layout, dtype."""
+
+    kernel_size: int
+    dim: int
+    layout: str = "SD"
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        positive_int("ConvSpec.kernel_size", self.kernel_size, minimum=2)
+        positive_int("ConvSpec.dim", self.dim)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"ConvSpec.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        _check_dtype("ConvSpec", self.dtype)
+
+    def width(self, num_spec: int) -> int:
+        """Rows of the window: ``W = K - 1 + S``."""
+        return self.kernel_size - 1 + num_spec
+
+    def block_shape(self, num_spec: int) -> Tuple[int, ...]:
+        """``(W, D)`` for SD, ``(D, W)`` for DS."""
+        w = self.width(num_spec)
+        return (w, self.dim) if self.layout == "SD" else (self.dim, w)
+
+
+@dataclass(frozen=True)
+class TemporalSpec:
+    """Recurrent state with a fixed block shape (e.g. GDN ``(HV, V, K)``) and dtype."""
+
+    shape: Tuple[int, ...]
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, tuple) or not self.shape:
+            raise TypeError(f"TemporalSpec.shape must be a non-empty tuple, got {self.shape!r}")
+        for i, s in enumerate(self.shape):
+            positive_int(f"TemporalSpec.shape[{i}]", s)
+        _check_dtype("TemporalSpec", self.dtype)
+
+    def block_shape(self, num_spec: int) -> Tuple[int, ...]:
+        """The block shape; independent of ``num_spec``."""
+        return self.shape
+
+
+StateSpec = Union[ConvSpec, TemporalSpec]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Block size ``B``, speculative blocks ``S`` (``0 <= S <= B-1``), layers and state kinds.
+
+    ``states`` maps a pool name (e.g. ``"conv"``, ``"ssm"``) to its spec. With ``S >= B``
+    one step could jump two columns, which the block allocator cannot support.
+    """
+
+    block_size: int
+    num_spec: int = 0
+    num_layers: int = 1
+    states: Mapping[str, StateSpec] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        positive_int("CacheConfig.block_size", self.block_size)
+        positive_int("CacheConfig.num_spec", self.num_spec, minimum=0)
+        positive_int("CacheConfig.num_layers", self.num_layers)
+        if self.num_spec > self.block_size - 1:
+            raise ValueError(
+                f"CacheConfig.num_spec must be <= block_size - 1 = {self.block_size - 1}, "
+                f"got {self.num_spec} (one step could jump two columns)"
+            )
+        if not isinstance(self.states, Mapping):
+            raise TypeError("CacheConfig.states must map pool names to ConvSpec/TemporalSpec")
+        for name, spec in self.states.items():
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"CacheConfig.states keys must be non-empty str, got {name!r}")
+            if not isinstance(spec, (ConvSpec, TemporalSpec)):
+                raise TypeError(
+                    f"CacheConfig.states[{name!r}] must be a ConvSpec or TemporalSpec, "
+                    f"got {type(spec).__name__}"
+                )
+
+    @property
+    def window(self) -> int:
+        """Blocks in a request's window: ``1 + S``."""
+        return 1 + self.num_spec
+
+    def pool_shape(self, name: str, num_blocks: int) -> Tuple[int, ...]:
+        """Shape ``(L, NB, *block_shape)`` of pool ``name`` with ``num_blocks`` blocks."""
+        if name not in self.states:
+            raise KeyError(f"no state named {name!r}; known: {sorted(self.states)}")
+        positive_int("num_blocks", num_blocks)
+        return (self.num_layers, num_blocks) + self.states[name].block_shape(self.num_spec)
+
+    def columns_needed(self, num_tokens: int) -> int:
+        """Block-table columns a request with ``num_tokens`` tokens (drafts included) needs."""
+        positive_int("num_tokens", num_tokens, minimum=0)
+        return -(-num_tokens // self.block_size) + self.num_spec

@@ -1,0 +1,135 @@
+"""Physical read / write slots for the recurrent kernels (SPEC.md §4).
+
+Given the block table and the bookkeeping after preprocess, every batch row gets:
+
+* ``temporal_read[b]``: the block holding the initial temporal state (-1: zero state);
+* ``conv_read[b]``, ``conv_read_off[b]``: the block and row offset of the conv history
+  (-1: zero history);
+* ``temporal_write[b, j]``: where the state after token ``j + 1`` goes (spec rows,
+  ``j < T``) or the final state (non-spec rows, ``j = 0``); -1 elsewhere;
+* ``conv_write[b]``: the block receiving the new conv window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bookkeeping import PreprocessPlan, SlotState, check_slots
+from .checks import bool_array, index_array, positive_int
+
+MODES = ("pre-copy", "copy-free")
+
+
+@dataclass(frozen=True)
+class KernelSlots:
+    """Resolved slots; int64, ``[rows]`` except ``temporal_write`` ``[rows, 1 + S]``."""
+
+    temporal_read: np.ndarray
+    conv_read: np.ndarray
+    conv_read_off: np.ndarray
+    temporal_write: np.ndarray
+    conv_write: np.ndarray
+
+
+def check_block_table(block_table, num_slots: int | None = None) -> np.ndarray:
+    """Validate ``block_table`` (int ``[num_slots, max_cols]``, ids >= 0) and copy to int64."""
+    return index_array("block_table", block_table, ndim=2, shape=(num_slots, None), low=0)
+
+
+def gather_columns(block_table, idx_mapping, cols) -> np.ndarray:
+    """``block_table[idx_mapping[b], cols[b, ...]]`` per row; -1 where the row is skipped or
+    the column is negative. ``cols`` is int ``[rows]`` or ``[rows, n]``.
+    """
+    bt = check_block_table(block_table)
+    idx = index_array("idx_mapping", idx_mapping, low=-1, high=bt.shape[0])
+    cols = np.asarray(cols)
+    c = index_array("cols", cols, ndim=cols.ndim, shape=(idx.shape[0],) + (None,) * (cols.ndim - 1))
+    if c.ndim not in (1, 2):
+        raise ValueError(f"cols must be 1-D or 2-D, got shape {tuple(c.shape)}")
+    rows = np.broadcast_to(idx.reshape((-1,) + (1,) * (c.ndim - 1)), c.shape)
+    use = (rows >= 0) & (c >= 0)
+    if np.any(c[use] >= bt.shape[1]):
+        bad = np.argwhere(use & (c >= bt.shape[1]))[0]
+        raise ValueError(
+            f"column {int(c[tuple(bad)])} of batch row {int(bad[0])} is outside the block table "
+            f"(max_cols = {bt.shape[1]})"
+        )
+    out = np.full(c.shape, -1, np.int64)
+    out[use] = bt[rows[use], c[use]]
+    return out
+
+
+def window_blocks(block_table, idx_mapping, state_idx, num_spec: int) -> np.ndarray:
+    """``bt[r, state_idx[b] : state_idx[b] + 1 + S]`` per batch row: int64 ``[rows, 1 + S]``.
+
+    ``state_idx`` is per row (e.g. ``PreprocessPlan.state_idx``); rows with
+    ``idx_mapping == -1`` or ``state_idx < 0`` give -1.
+    """
+    s = positive_int("num_spec", num_spec, minimum=0)
+    col = index_array("state_idx", state_idx, low=-1)
+    cols = col[:, None] + np.arange(1 + s)[None, :]
+    cols[col < 0] = -1
+    return gather_columns(block_table, idx_mapping, cols)
+
+
+def resolve_slots(
+    block_table,
+    idx_mapping,
+    state: SlotState,
+    plan: PreprocessPlan,
+    query_len,
+    is_spec,
+    num_spec: int,
+    mode: str = "pre-copy",
+) -> KernelSlots:
+    """Resolve per-row kernel slots after preprocess (and after the pre-copy in pre-copy mode).
+
+    ``state`` is the bookkeeping returned by :func:`preprocess` (its ``acc`` already reset
+    for crossing rows), ``plan`` the plan it returned. ``query_len`` int ``[rows]``;
+    ``is_spec`` bool ``[rows]`` or one bool; spec rows need ``query_len <= 1 + S``.
+    ``mode`` is ``"pre-copy"`` or ``"copy-free"``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    state = check_slots(state)
+    s = positive_int("num_spec", num_spec, minimum=0)
+    idx = index_array("idx_mapping", idx_mapping, low=-1, high=state.num_slots)
+    rows = idx.shape[0]
+    q = index_array("query_len", query_len, shape=(rows,), low=0)
+    spec = bool_array("is_spec", is_spec, rows)
+    if not isinstance(plan, PreprocessPlan):
+        raise TypeError(f"plan must be a PreprocessPlan, got {type(plan).__name__}")
+    src_col = index_array("plan.src_col", plan.src_col, shape=(rows,), low=-1)
+    src_off = index_array("plan.src_off", plan.src_off, shape=(rows,), low=0)
+    col = index_array("plan.state_idx", plan.state_idx, shape=(rows,), low=-1)
+    live = idx >= 0
+    if np.any(spec & live & (q > 1 + s)):
+        raise ValueError(f"spec rows need query_len <= 1 + num_spec = {1 + s}")
+    if np.any(live & (col != state.state_idx[np.where(live, idx, 0)])):
+        raise ValueError("plan.state_idx does not match state.state_idx: pass the preprocess output")
+
+    win = window_blocks(block_table, idx, col, s)
+    acc = np.where(live, state.acc[np.where(live, idx, 0)], 1)
+    if np.any(live & (acc > 1 + s)):
+        raise ValueError(f"state.acc must be <= 1 + num_spec = {1 + s} on mapped slots")
+    arange = np.arange(rows)
+    t_read = win[arange, acc - 1]
+    c_read = win[:, 0].copy()
+    c_off = np.where(live, acc - 1, 0)
+
+    fresh = src_col < 0
+    if mode == "copy-free":
+        cross = live & ~fresh & (src_col != col)
+        t_read[cross] = gather_columns(block_table, idx, src_col + src_off)[cross]
+        c_read[cross] = gather_columns(block_table, idx, src_col)[cross]
+        c_off[cross] = src_off[cross]
+    t_read[fresh] = -1
+    c_read[fresh] = -1
+    c_off[fresh] = 0
+
+    j = np.arange(1 + s)[None, :]
+    n_writes = np.where(spec, q, 1)[:, None]
+    t_write = np.where(j < n_writes, win, -1)
+    return KernelSlots(t_read, c_read, c_off, t_write, win[:, 0].copy())
