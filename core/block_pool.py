@@ -7,10 +7,11 @@ block is keyed by the token ids of the prefix whose state it holds.
 
 from __future__ import annotations
 
+import numbers
 from collections import OrderedDict, deque
 from typing import Dict, Hashable, Optional
 
-from .checks import positive_int
+from .checks import hashable, positive_int
 
 
 class BlockPool:
@@ -29,6 +30,10 @@ class BlockPool:
         """Blocks an allocation can still get: free ones plus evictable cached ones."""
         return len(self._free) + len(self._evictable)
 
+    def is_free(self, block: int) -> bool:
+        """True when ``block`` is on the free list (neither held nor cached)."""
+        return block in self._free
+
     def refcount(self, block: int) -> int:
         return self._refs.get(block, 0)
 
@@ -41,7 +46,7 @@ class BlockPool:
 
     def lookup(self, key: Hashable) -> Optional[int]:
         """The block cached under ``key`` (refreshing its LRU position), or ``None``."""
-        block = self._cache.get(key)
+        block = self._cache.get(hashable("key", key))
         if block is not None and block in self._evictable:
             self._evictable.move_to_end(block)
         return block
@@ -86,6 +91,7 @@ class BlockPool:
         """Cache a held block under ``key``. Returns False (and caches nothing) when the key
         is already cached or the block already holds another key."""
         self._check_id(block)
+        hashable("key", key)
         if self.refcount(block) <= 0:
             raise ValueError(f"block {block} must be held to be recorded")
         if key in self._cache or block in self._key_of:
@@ -95,5 +101,7 @@ class BlockPool:
         return True
 
     def _check_id(self, block: int) -> None:
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral):
+            raise TypeError(f"block must be an int, got {type(block).__name__}")
         if not 1 <= block < self.num_blocks:
             raise ValueError(f"block id must be in [1, {self.num_blocks}), got {block}")

@@ -1,0 +1,73 @@
+"""ARCHITECTURE.md's import rules, read from the source: core is NumPy only, kernels import
+triton (never a framework), the top-level package imports no framework."""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FRAMEWORKS = {"torch", "jax", "jaxlib", "jax_triton", "flax"}
+RULES = {
+    "core": FRAMEWORKS | {"triton"},
+    "kernels": FRAMEWORKS,
+}
+
+
+def imported_modules(path: pathlib.Path):
+    """Top-level names of every module a file imports (absolute imports only)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module.split(".")[0]
+
+
+def test_scanner_sees_imports(tmp_path):
+    # The scanner must catch every import form, or the rules below could never fail.
+    f = tmp_path / "m.py"
+    f.write_text("import torch\nfrom jax import numpy\nimport numpy as np\ndef f():\n    import triton\n")
+    assert [m for _, m in imported_modules(f)] == ["torch", "jax", "numpy", "triton"]
+
+
+@pytest.mark.parametrize("folder", sorted(RULES))
+def test_folder_imports(folder):
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files, f"{folder}/ has no sources"
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in files
+        for line, mod in imported_modules(p)
+        if mod in RULES[folder]
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_core_imports_only_numpy_and_stdlib():
+    allowed = {"numpy"} | set(sys.stdlib_module_names)
+    bad = [
+        f"{p.relative_to(ROOT)}:{line} imports {mod}"
+        for p in sorted((ROOT / "core").rglob("*.py"))
+        for line, mod in imported_modules(p)
+        if mod not in allowed
+    ]
+    assert not bad, "\n".join(bad)
+
+
+def test_top_level_import_loads_no_framework():
+    code = (
+        "import sys, mamba_align, mamba_align.core\n"
+        "loaded = sorted(m for m in ('torch', 'jax', 'triton', 'jax_triton') if m in sys.modules)\n"
+        "print(','.join(loaded))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ""
+
+
+def test_tests_folder_is_not_a_package():
+    assert not (ROOT / "tests" / "__init__.py").exists()
