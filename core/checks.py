@@ -35,7 +35,12 @@ def index_array(
     (``low <= x < high``).
     """
     if isinstance(value, (list, tuple)):
-        value = np.asarray(value, dtype=np.int64) if len(value) else np.zeros(0, np.int64)
+        # No forced dtype: a list of floats or bools must fail the dtype check below
+        # instead of being truncated / cast silently.
+        try:
+            value = np.asarray(value) if len(value) else np.zeros(0, np.int64)
+        except ValueError as e:
+            raise ValueError(f"{name} must be a rectangular integer array: {e}") from None
     if not isinstance(value, np.ndarray):
         raise TypeError(f"{name} must be a NumPy integer array, got {type(value).__name__}")
     if value.dtype == np.bool_ or not np.issubdtype(value.dtype, np.integer):
@@ -77,6 +82,45 @@ def bool_array(name: str, value: Any, length: int) -> np.ndarray:
     if value.shape != (length,):
         raise ValueError(f"{name} must have shape ({length},), got {tuple(value.shape)}")
     return value.copy()
+
+
+def instance(name: str, value: Any, cls: type) -> Any:
+    """Return ``value`` after checking it is an instance of ``cls``."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name} must be a {cls.__name__}, got {type(value).__name__}")
+    return value
+
+
+def optional_callable(name: str, value: Any) -> Any:
+    """Return ``value`` after checking it is ``None`` or callable."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
+    return value
+
+
+def hashable(name: str, value: Any) -> Any:
+    """Return ``value`` after checking it can be a dict key."""
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"{name} must be hashable, got {type(value).__name__}") from None
+    return value
+
+
+def token_ids(name: str, value: Any) -> tuple:
+    """Return ``value`` (any iterable of int token ids) as a tuple of ``int``."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of int token ids, got {type(value).__name__}")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise TypeError(
+            f"{name} must be a sequence of int token ids, got {type(value).__name__}"
+        ) from None
+    for i, t in enumerate(items):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer)):
+            raise TypeError(f"{name}[{i}] must be an int token id, got {type(t).__name__}")
+    return tuple(int(t) for t in items)
 
 
 def unique_mapped(name: str, idx_mapping: np.ndarray) -> None:

@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from .bookkeeping import PostprocessPlan, PreprocessPlan
-from .checks import index_array
+from .checks import bool_array, index_array, instance
 from .config import CacheConfig, ConvSpec
 from .slots import gather_columns
 
@@ -68,7 +68,9 @@ def precopy_plan(block_table, idx_mapping, plan: PreprocessPlan) -> CopyPlan:
     bias ``src_off``."""
     if not isinstance(plan, PreprocessPlan):
         raise TypeError(f"plan must be a PreprocessPlan, got {type(plan).__name__}")
-    src = np.where(plan.crossing, plan.src_col, -1)
+    rows = index_array("idx_mapping", idx_mapping, low=-1).shape[0]
+    crossing = bool_array("plan.crossing", plan.crossing, rows)
+    src = np.where(crossing, index_array("plan.src_col", plan.src_col, shape=(rows,)), -1)
     return copy_plan(block_table, idx_mapping, src, plan.state_idx, plan.src_off)
 
 
@@ -76,7 +78,9 @@ def postprocess_copy_plan(block_table, idx_mapping, plan: PostprocessPlan) -> Co
     """The post-process copy of SPEC.md §2 step 6: ``state_idx -> dest`` with ``bias``."""
     if not isinstance(plan, PostprocessPlan):
         raise TypeError(f"plan must be a PostprocessPlan, got {type(plan).__name__}")
-    src = np.where(plan.copy, plan.state_idx, -1)
+    rows = index_array("idx_mapping", idx_mapping, low=-1).shape[0]
+    copy = bool_array("plan.copy", plan.copy, rows)
+    src = np.where(copy, index_array("plan.state_idx", plan.state_idx, shape=(rows,)), -1)
     return copy_plan(block_table, idx_mapping, src, plan.dest, plan.bias)
 
 
@@ -111,6 +115,7 @@ def apply_temporal_copy(pool: np.ndarray, plan: CopyPlan) -> None:
     """In place: ``pool[:, dst] = pool[:, temporal_src]`` on active rows. ``pool`` is
     ``[L, NB, ...]`` of any dtype."""
     _check_pool("pool", pool, 2)
+    instance("plan", plan, CopyPlan)
     _check_blocks(plan, pool.shape[1], plan.temporal_src)
     _check_disjoint(plan, plan.temporal_src)
     on = plan.active & (plan.temporal_src >= 0)
@@ -122,6 +127,7 @@ def apply_conv_copy(pool: np.ndarray, plan: CopyPlan, layout: str) -> None:
     """In place, shift-copy the conv window on active rows. ``pool`` is ``[L, NB, W, D]``
     (``"SD"``) or ``[L, NB, D, W]`` (``"DS"``); ``0 <= shift < W``."""
     _check_pool("pool", pool, 4)
+    instance("plan", plan, CopyPlan)
     if layout not in ("SD", "DS"):
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
     _check_blocks(plan, pool.shape[1], plan.conv_src)
@@ -141,6 +147,8 @@ def apply_copy(pools: Mapping[str, np.ndarray], config: CacheConfig, plan: CopyP
     """Apply ``plan`` in place to every pool named in ``config.states``."""
     if not isinstance(config, CacheConfig):
         raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
+    instance("pools", pools, Mapping)
+    instance("plan", plan, CopyPlan)
     for name, spec in config.states.items():
         if name not in pools:
             raise KeyError(f"pools has no entry {name!r}")

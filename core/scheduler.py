@@ -1,8 +1,9 @@
 """A reference scheduler for the recurrent-state group in align mode.
 
 Deterministic and framework-free: it admits requests, cuts prefill chunks at block
-boundaries under a token budget, schedules decode steps with up to ``S`` draft tokens,
-allocates and rotates state blocks as SPEC.md §1 "Block lifetime" requires, records
+boundaries under a token budget (a prompt's tail shorter than a block runs as its own
+last chunk, so the largest block-aligned prefix of every prompt gets a boundary
+snapshot), schedules decode steps with up to ``S`` draft tokens, allocates and rotates state blocks as SPEC.md §1 "Block lifetime" requires, records
 boundary snapshots in a prefix cache (SPEC.md §2 step 7), preempts when blocks run out
 and resumes from the cache. Each :meth:`Scheduler.schedule` emits a :class:`StepBatch`
 that a runner (NumPy, torch or JAX) feeds to the bookkeeping and the kernels; after the
@@ -24,7 +25,7 @@ import numpy as np
 from .block_pool import BlockPool
 from .bookkeeping import SlotState, accept, add_requests, init_slots, postprocess, preprocess
 from .bookkeeping import running_column
-from .checks import index_array, positive_int
+from .checks import index_array, instance, optional_callable, positive_int, token_ids
 from .config import CacheConfig
 
 
@@ -109,6 +110,9 @@ class StepResult:
 def pad_batch(batch: StepBatch, positions: Sequence[int]) -> StepBatch:
     """Insert skipped rows (``idx_mapping = -1``) before the given row positions, as a CUDA-
     graph-padded batch would have them. ``positions`` index the padded batch."""
+    instance("batch", batch, StepBatch)
+    if not isinstance(positions, (Sequence, np.ndarray)):
+        raise TypeError(f"positions must be a sequence of ints, got {type(positions).__name__}")
     rows = batch.num_rows + len(positions)
     is_pad = np.zeros(rows, bool)
     pos = index_array("positions", list(positions), low=0, high=max(rows, 1))
@@ -172,7 +176,7 @@ class Scheduler:
                 f"chunk can reach a block boundary, got {self.max_num_tokens}"
             )
         self.max_cols = config.columns_needed(self.max_model_len)
-        self.drafter: Drafter = drafter or exact_drafter
+        self.drafter: Drafter = optional_callable("drafter", drafter) or exact_drafter
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.block_table = np.zeros((self.max_num_seqs, self.max_cols), np.int64)
         self.slots: SlotState = init_slots(self.max_num_seqs)  # host mirror of the runner's
@@ -188,9 +192,11 @@ class Scheduler:
     def add_request(self, req_id: int, prompt: Sequence[int], output: Sequence[int]) -> None:
         """Queue a request: ``prompt`` token ids (>= 1) and the ``output`` ids it will produce
         (>= 1). Prompt plus output must fit in ``max_model_len``."""
+        if isinstance(req_id, bool):
+            raise TypeError(f"req_id must be an int, got {type(req_id).__name__}")
         if not isinstance(req_id, int) or req_id < 0 or req_id in self.requests:
             raise ValueError(f"req_id must be a new int >= 0, got {req_id!r}")
-        prompt, output = tuple(int(t) for t in prompt), tuple(int(t) for t in output)
+        prompt, output = token_ids("prompt", prompt), token_ids("output", output)
         if not prompt or not output:
             raise ValueError("prompt and output must each hold at least one token")
         if len(prompt) + len(output) > self.max_model_len:
@@ -198,8 +204,12 @@ class Scheduler:
                 f"prompt + output = {len(prompt) + len(output)} tokens exceeds max_model_len "
                 f"= {self.max_model_len}"
             )
-        if min(prompt + output) < 0:
-            raise ValueError("token ids must be >= 0 (negative ids are reserved for wrong drafts)")
+        for name, ids in (("prompt", prompt), ("output", output)):
+            if min(ids) < 0:
+                raise ValueError(
+                    f"{name} token ids must be >= 0 (negative ids are reserved for wrong "
+                    f"drafts), got {min(ids)}"
+                )
         req = Request(req_id, prompt + output, len(prompt), known=len(prompt))
         self.requests[req_id] = req
         self.waiting.append(req)
@@ -291,9 +301,15 @@ class Scheduler:
             if len(drafts) > max_drafts:
                 raise ValueError(f"drafter returned {len(drafts)} drafts, at most {max_drafts} allowed")
             return (req.tokens[nc],) + drafts, self.num_spec > 0
-        remaining = req.known - nc
-        q = remaining if remaining <= budget else ((nc + budget) // b) * b - nc
-        return tuple(req.tokens[nc : nc + max(q, 0)]), False
+        # Chunks end on block boundaries so that each one leaves a boundary snapshot; only
+        # the prompt's tail (shorter than a block) ends elsewhere, in a chunk of its own.
+        end = min(nc + budget, req.known)
+        aligned = (end // b) * b
+        if aligned > nc:
+            end = aligned
+        elif end < req.known:
+            end = nc  # the budget cannot reach the next boundary this step
+        return tuple(req.tokens[nc:end]), False
 
     def _window_moves(self, req: Request, num_tokens: int):
         """New running column, old spec blocks that fall behind it, and empty window columns."""
@@ -398,6 +414,7 @@ class Scheduler:
         """Advance the bookkeeping after sampling, record boundary snapshots in the prefix
         cache, release blocks that fell behind, finish requests. ``num_sampled`` is int
         ``[rows]`` as :meth:`sample` returns it (padding rows ignored)."""
+        instance("batch", batch, StepBatch)
         if batch is not self._last and not (
             self._last is not None and batch.step == self._last.step
         ):

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .bookkeeping import SlotState, accept, add_requests, init_slots, postprocess, preprocess
+from .checks import instance, optional_callable
 from .config import ConvSpec
 from .copy_ref import CopyPlan, apply_copy, postprocess_copy_plan, precopy_plan
 from .scheduler import CachedBlock, Scheduler, StepBatch
@@ -62,8 +63,10 @@ class SymbolicRunner:
         mode: str = "pre-copy",
         pad: Optional[Callable[[StepBatch], StepBatch]] = None,
     ) -> None:
+        instance("scheduler", scheduler, Scheduler)
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        optional_callable("pad", pad)
         self.sched = scheduler
         self.config = scheduler.config
         self.sym = symbolic_config(self.config)
@@ -73,7 +76,7 @@ class SymbolicRunner:
         self.pools = symbolic_pools(self.config, scheduler.pool.num_blocks)
         self.state: SlotState = init_slots(scheduler.max_num_seqs)  # the "device" copy
         self._truth: Dict[int, List[int]] = {}
-        self.bytes_copied = 0  # block copies, counted per pool (a proxy for bytes moved)
+        self.block_copies = 0  # block copies, counted once per state pool
 
     # -- expected labels -------------------------------------------------------------
     def prefix_label(self, req_id: int, n: int) -> int:
@@ -155,7 +158,7 @@ class SymbolicRunner:
 
     def _copy(self, plan: CopyPlan) -> None:
         apply_copy(self.pools, self.sym, plan)
-        self.bytes_copied += int(plan.active.sum()) * len(self.sym.states)
+        self.block_copies += int(plan.active.sum()) * len(self.sym.states)
 
     def run(self, max_steps: int = 100_000) -> List[StepRecord]:
         """Step until every request finished; returns the records."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bookkeeping import PreprocessPlan, SlotState, check_slots
-from .checks import bool_array, index_array, positive_int
+from .checks import bool_array, index_array, positive_int, unique_mapped
 
 MODES = ("pre-copy", "copy-free")
 
@@ -68,10 +68,11 @@ def window_blocks(block_table, idx_mapping, state_idx, num_spec: int) -> np.ndar
     ``idx_mapping == -1`` or ``state_idx < 0`` give -1.
     """
     s = positive_int("num_spec", num_spec, minimum=0)
-    col = index_array("state_idx", state_idx, low=-1)
+    idx = index_array("idx_mapping", idx_mapping, low=-1)
+    col = index_array("state_idx", state_idx, shape=(idx.shape[0],), low=-1)
     cols = col[:, None] + np.arange(1 + s)[None, :]
     cols[col < 0] = -1
-    return gather_columns(block_table, idx_mapping, cols)
+    return gather_columns(block_table, idx, cols)
 
 
 def resolve_slots(
@@ -96,6 +97,7 @@ def resolve_slots(
     state = check_slots(state)
     s = positive_int("num_spec", num_spec, minimum=0)
     idx = index_array("idx_mapping", idx_mapping, low=-1, high=state.num_slots)
+    unique_mapped("idx_mapping", idx)
     rows = idx.shape[0]
     q = index_array("query_len", query_len, shape=(rows,), low=0)
     spec = bool_array("is_spec", is_spec, rows)
