@@ -375,3 +375,19 @@ def test_random_request_streams(sc):
     free = run_scenario(sc, "copy-free")
     # both modes: the same reads, the same cached snapshots, the same sampled tokens
     assert pre.log == free.log
+
+
+def test_block_cached_in_a_step_is_not_reused_in_that_step():
+    cfg = make_config(4, 0)
+    sched = Scheduler(cfg, 32, 4, 32, 64)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    sched.add_request(0, prompt, [9, 9])
+    sched.add_request(1, prompt + [7], [9])  # admitted in the step that caches prompt[:8]
+    chk = Checker(SymbolicRunner(sched, "pre-copy"))
+    rec = chk.step()
+    assert [c.num_tokens for c, _, _ in rec.cached if c.req_id == 0] == [8]
+    assert sched.requests[1].hit_tokens == 0
+    sched.add_request(2, prompt + [6], [9])  # arrives after: hits the snapshot at 8 tokens
+    chk.step()
+    assert sched.requests[2].hit_tokens == 8
+    chk.run()
