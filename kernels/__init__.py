@@ -1,1 +1,28 @@
-"""Triton kernels and their launch plans (issue 3). Imports triton only."""
+"""Triton kernels and their launch plans. Imports triton only (never a framework).
+
+Without a GPU the kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` is set here
+before any ``@triton.jit`` function is defined, unless the caller already chose.
+"""
+
+import os
+import shutil
+
+if "TRITON_INTERPRET" not in os.environ and not (
+    os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi")
+):
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from .plan import LaunchPlan  # noqa: E402
+from .bookkeeping import plan_add_requests, plan_postprocess, plan_preprocess  # noqa: E402
+from .copy import plan_copy_conv, plan_copy_temporal  # noqa: E402
+from .resolve import plan_resolve  # noqa: E402
+
+__all__ = [
+    "LaunchPlan",
+    "plan_add_requests",
+    "plan_preprocess",
+    "plan_postprocess",
+    "plan_resolve",
+    "plan_copy_temporal",
+    "plan_copy_conv",
+]

@@ -1,0 +1,213 @@
+"""Thin torch launchers for the kernels, registered as ``torch.library`` custom ops
+(``torch.ops.mamba_align.*``) with fake implementations, so they work eagerly, under
+CUDA-graph capture and under ``torch.compile``.
+
+Each launcher validates dtypes, shapes, devices and layouts (never values: that would
+synchronise), builds the plan from ``mamba_align.kernels`` and launches it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+from ... import kernels as K
+from .checks import flag_tensor, index_tensor, pool_tensor, same_device
+
+
+def _launch(plan: K.LaunchPlan, arrays, scalars) -> None:
+    plan.kernel[plan.grid](*plan.args(arrays, scalars), **plan.constexprs,
+                           num_warps=plan.num_warps)
+
+
+def _rows_like(ref: torch.Tensor, n: int, *shape: int) -> torch.Tensor:
+    return torch.empty((n,) + shape, dtype=torch.int64, device=ref.device)
+
+
+def _slot_arrays(state_idx, acc, num_computed):
+    dev = state_idx.device
+    n = state_idx.shape[0] if isinstance(state_idx, torch.Tensor) else None
+    index_tensor("state_idx", state_idx, dev, (None,))
+    index_tensor("acc", acc, dev, (n,))
+    index_tensor("num_computed", num_computed, dev, (n,))
+    return dev
+
+
+def _block_table(bt, dev):
+    index_tensor("block_table", bt, dev, (None, None))
+    return {"bt_stride": bt.stride(0), "max_cols": bt.shape[1]}
+
+
+# -- add_requests ------------------------------------------------------------------------
+@torch.library.custom_op("mamba_align::add_requests_", mutates_args=("state_idx", "acc", "num_computed"))
+def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
+                  slots: torch.Tensor, num_computed_new: torch.Tensor, block_size: int) -> None:
+    """Seed slots ``slots`` ([n]) with ``num_computed_new`` ([n]) computed tokens in place:
+    ``state_idx = (num_computed - 1) // B``, ``acc = 1``. Per-slot arrays are [num_slots]."""
+    dev = _slot_arrays(state_idx, acc, num_computed)
+    index_tensor("slots", slots, dev, (None,))
+    index_tensor("num_computed_new", num_computed_new, dev, (slots.shape[0],))
+    n = slots.shape[0]
+    if n == 0:
+        return
+    plan = K.plan_add_requests(n)
+    _launch(plan, {"slots": slots, "num_computed_new": num_computed_new, "state_idx": state_idx,
+                   "acc": acc, "num_computed": num_computed},
+            {"num_new": n, "block_size": block_size})
+
+
+# -- preprocess ---------------------------------------------------------------------------
+@torch.library.custom_op("mamba_align::preprocess_", mutates_args=("state_idx", "acc"))
+def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
+                idx_mapping: torch.Tensor, query_len: torch.Tensor, block_table: torch.Tensor,
+                block_size: int) -> List[torch.Tensor]:
+    """SPEC.md §2 steps 1-2 on the device. Updates ``state_idx`` / ``acc`` in place and
+    returns int64 ``[rows]`` tensors ``[src_col, src_off, new_col, copy_tsrc, copy_csrc,
+    copy_dst, copy_shift]`` (the last four: the pre-copy's physical plan)."""
+    dev = _slot_arrays(state_idx, acc, num_computed)
+    rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
+    index_tensor("idx_mapping", idx_mapping, dev, (None,))
+    index_tensor("query_len", query_len, dev, (rows,))
+    scal = _block_table(block_table, dev)
+    outs = [_rows_like(idx_mapping, rows) for _ in range(7)]
+    if rows:
+        names = ("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
+        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
+                      block_table=block_table, state_idx=state_idx, acc=acc,
+                      num_computed=num_computed)
+        _launch(K.plan_preprocess(rows), arrays,
+                dict(scal, num_rows=rows, block_size=block_size))
+    return outs
+
+
+@preprocess_.register_fake
+def _(state_idx, acc, num_computed, idx_mapping, query_len, block_table, block_size):
+    return [idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(7)]
+
+
+# -- resolve ------------------------------------------------------------------------------
+@torch.library.custom_op("mamba_align::resolve", mutates_args=())
+def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
+            block_table: torch.Tensor, src_col: torch.Tensor, src_off: torch.Tensor,
+            new_col: torch.Tensor, acc: torch.Tensor, num_spec: int,
+            copy_free: bool) -> List[torch.Tensor]:
+    """SPEC.md §4 slots: int64 ``[temporal_read [rows], conv_read [rows], conv_read_off
+    [rows], temporal_write [rows, 1 + S], conv_write [rows]]``."""
+    dev = idx_mapping.device
+    rows = idx_mapping.shape[0]
+    index_tensor("idx_mapping", idx_mapping, dev, (None,))
+    index_tensor("query_len", query_len, dev, (rows,))
+    flag_tensor("is_spec", is_spec, rows, dev)
+    for name, t in (("src_col", src_col), ("src_off", src_off), ("new_col", new_col)):
+        index_tensor(name, t, dev, (rows,))
+    index_tensor("acc", acc, dev, (None,))
+    scal = _block_table(block_table, dev)
+    outs = [_rows_like(idx_mapping, rows) for _ in range(3)]
+    outs += [_rows_like(idx_mapping, rows, 1 + num_spec), _rows_like(idx_mapping, rows)]
+    if rows:
+        mode = "copy-free" if copy_free else "pre-copy"
+        names = ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write")
+        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
+                      is_spec=is_spec, block_table=block_table, src_col=src_col,
+                      src_off=src_off, new_col=new_col, acc=acc)
+        _launch(K.plan_resolve(rows, num_spec, mode), arrays, dict(scal, num_rows=rows))
+    return outs
+
+
+@resolve.register_fake
+def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, acc, num_spec,
+      copy_free):
+    rows = idx_mapping.shape[0]
+    e = lambda *s: idx_mapping.new_empty((rows,) + s, dtype=torch.int64)  # noqa: E731
+    return [e(), e(), e(), e(1 + num_spec), e()]
+
+
+# -- postprocess --------------------------------------------------------------------------
+@torch.library.custom_op("mamba_align::postprocess_", mutates_args=("acc", "num_computed"))
+def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
+                 idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
+                 num_sampled: torch.Tensor, block_table: torch.Tensor,
+                 block_size: int) -> List[torch.Tensor]:
+    """SPEC.md §2 steps 5-7 on the device: accept, then the boundary decision. Updates
+    ``acc`` / ``num_computed`` in place; returns int64 ``[rows]`` tensors ``[cache_col,
+    copy_tsrc, copy_csrc, copy_dst, copy_shift]``."""
+    dev = _slot_arrays(state_idx, acc, num_computed)
+    rows = idx_mapping.shape[0]
+    index_tensor("idx_mapping", idx_mapping, dev, (None,))
+    index_tensor("query_len", query_len, dev, (rows,))
+    flag_tensor("is_spec", is_spec, rows, dev)
+    index_tensor("num_sampled", num_sampled, dev, (rows,))
+    scal = _block_table(block_table, dev)
+    outs = [_rows_like(idx_mapping, rows) for _ in range(5)]
+    if rows:
+        names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
+        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
+                      is_spec=is_spec, num_sampled=num_sampled, block_table=block_table,
+                      state_idx=state_idx, acc=acc, num_computed=num_computed)
+        _launch(K.plan_postprocess(rows), arrays,
+                dict(scal, num_rows=rows, block_size=block_size))
+    return outs
+
+
+@postprocess_.register_fake
+def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled, block_table,
+      block_size):
+    return [idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(5)]
+
+
+# -- copies --------------------------------------------------------------------------------
+@torch.library.custom_op("mamba_align::copy_temporal_", mutates_args=("pool",))
+def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """In place, for every row with ``src >= 0``: ``pool[:, dst] = pool[:, src]`` (bit copy).
+    ``pool`` is ``[L, NB, ...]`` (any dtype, contiguous inner block); ``src``/``dst`` int
+    ``[rows]`` physical block ids."""
+    bits = pool_tensor("pool", pool, tuple(pool.shape[2:]))
+    dev = same_device(pool, src, dst)
+    index_tensor("src", src, dev, (None,))
+    index_tensor("dst", dst, dev, (src.shape[0],))
+    rows, numel = src.shape[0], max(1, bits[0, 0].numel()) if pool.dim() > 2 else 1
+    if rows == 0 or pool.numel() == 0:
+        return
+    plan = K.plan_copy_temporal(rows, pool.shape[0], numel, pool.element_size())
+    _launch(plan, {"pool": bits, "src": src, "dst": dst},
+            {"num_layers": pool.shape[0], "layer_stride": bits.stride(0),
+             "block_stride": bits.stride(1), "block_numel": numel, "num_blocks": pool.shape[1]})
+
+
+@torch.library.custom_op("mamba_align::copy_conv_", mutates_args=("pool",))
+def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: torch.Tensor,
+               layout: str) -> None:
+    """In place, for every row with ``src >= 0``: the conv window of ``src`` shifted left by
+    ``shift`` rows into ``dst`` (memmove-safe when ``src == dst``). ``pool`` is
+    ``[L, NB, W, D]`` ("SD") or ``[L, NB, D, W]`` ("DS")."""
+    if layout not in ("SD", "DS"):
+        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
+    if pool.dim() != 4:
+        raise ValueError(f"pool must be [L, NB, W, D] or [L, NB, D, W], got {list(pool.shape)}")
+    bits = pool_tensor("pool", pool, tuple(pool.shape[2:]))
+    dev = same_device(pool, src, dst, shift)
+    index_tensor("src", src, dev, (None,))
+    index_tensor("dst", dst, dev, (src.shape[0],))
+    index_tensor("shift", shift, dev, (src.shape[0],))
+    rows = src.shape[0]
+    if rows == 0 or pool.numel() == 0:
+        return
+    width, dim = (pool.shape[2], pool.shape[3]) if layout == "SD" else (pool.shape[3], pool.shape[2])
+    plan = K.plan_copy_conv(rows, pool.shape[0], width, dim, pool.element_size(), layout)
+    _launch(plan, {"pool": bits, "src": src, "dst": dst, "shift": shift},
+            {"num_layers": pool.shape[0], "layer_stride": bits.stride(0),
+             "block_stride": bits.stride(1), "width": width, "dim": dim,
+             "num_blocks": pool.shape[1]})
+
+
+def copy_block_plan_(pools, kinds, tsrc: torch.Tensor, csrc: torch.Tensor, dst: torch.Tensor,
+                     shift: torch.Tensor) -> None:
+    """Apply one physical copy plan to every pool: ``kinds[name]`` is ``"temporal"``,
+    ``"SD"`` or ``"DS"``."""
+    for name, pool in pools.items():
+        kind = kinds[name]
+        if kind == "temporal":
+            torch.ops.mamba_align.copy_temporal_(pool, tsrc, dst)
+        else:
+            torch.ops.mamba_align.copy_conv_(pool, csrc, dst, shift, kind)

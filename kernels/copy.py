@@ -1,0 +1,136 @@
+"""State-block copy kernels (SPEC.md §2 ``copy_block``), shared by the pre-copy and the
+post-process: both produce a physical copy plan per batch row (``temporal_src``,
+``conv_src``, ``dst``, ``shift``; -1 source = no copy) and launch these kernels on it.
+
+Pools are ``[L, NB, *block]`` with explicit layer and block strides (in elements) and a
+contiguous inner block. The backends pass pools viewed as same-width integers, so a copy
+is a bit copy whatever the dtype. All offsets are int64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .plan import LaunchPlan, cdiv, next_pow2
+
+
+@triton.jit
+def copy_temporal_kernel(
+    pool_in_ptr,  # aliased with pool_ptr; read and written through pool_ptr
+    src_ptr,  # [rows] physical source block (the accepted candidate), -1 = no copy
+    dst_ptr,  # [rows] physical destination block
+    num_layers,
+    layer_stride,
+    block_stride,
+    block_numel,
+    num_blocks,
+    pool_ptr,
+    TILE: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
+):
+    # axis 0: row * L + layer (unbounded), axis 1: a span of TILES_PER_PROGRAM tiles
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // num_layers
+    layer = pid % num_layers
+    src = tl.load(src_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks) & (src != dst)
+    if ok:
+        base = layer * layer_stride
+        src_base = pool_ptr + base + src * block_stride
+        dst_base = pool_ptr + base + dst * block_stride
+        start = tl.program_id(1).to(tl.int64) * (TILE * TILES_PER_PROGRAM)
+        for t in tl.static_range(TILES_PER_PROGRAM):
+            offs = start + t * TILE + tl.arange(0, TILE)
+            mask = offs < block_numel
+            x = tl.load(src_base + offs, mask=mask, eviction_policy="evict_first")
+            tl.store(dst_base + offs, x, mask=mask, cache_modifier=".cs")
+
+
+@triton.jit
+def copy_conv_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    src_ptr,  # [rows] physical source block, -1 = no copy
+    dst_ptr,  # [rows] physical destination block
+    shift_ptr,  # [rows] rows dropped from the front (the accepted-token bias)
+    num_layers,
+    layer_stride,
+    block_stride,
+    width,  # W = K - 1 + S
+    dim,  # D
+    num_blocks,
+    pool_ptr,
+    W_PAD: tl.constexpr,
+    TILE_D: tl.constexpr,
+    LAYOUT_DS: tl.constexpr,
+):
+    # Destination row i takes source row i + shift, for i < W - shift; other rows keep their
+    # content. One program owns every row of its channel tile and loads them all before a
+    # barrier and any store, so an in-place left shift (src == dst) behaves like memmove.
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // num_layers
+    layer = pid % num_layers
+    src = tl.load(src_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    shift = tl.load(shift_ptr + row).to(tl.int64)
+    ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
+    ok = ok & (shift >= 0) & (shift < width) & ((src != dst) | (shift != 0))
+    if ok:
+        base = layer * layer_stride
+        w = tl.arange(0, W_PAD).to(tl.int64)
+        d = tl.program_id(1).to(tl.int64) * TILE_D + tl.arange(0, TILE_D)
+        if LAYOUT_DS:  # block [D, W]: shift along the last axis
+            dst_offs = d[:, None] * width + w[None, :]
+            src_offs = dst_offs + shift
+            mask = (d[:, None] < dim) & (w[None, :] + shift < width)
+        else:  # block [W, D]: shift whole rows
+            dst_offs = w[:, None] * dim + d[None, :]
+            src_offs = dst_offs + shift * dim
+            mask = (w[:, None] + shift < width) & (d[None, :] < dim)
+        x = tl.load(pool_ptr + base + src * block_stride + src_offs, mask=mask)
+        tl.debug_barrier()
+        tl.store(pool_ptr + base + dst * block_stride + dst_offs, x, mask=mask)
+
+
+def plan_copy_temporal(
+    num_rows: int, num_layers: int, block_numel: int, itemsize: int
+) -> LaunchPlan:
+    """Grid and tiling for the temporal copy: ``num_rows * num_layers`` programs on axis 0,
+    the block split into spans of ~64 KiB on axis 1 so one request still fills the GPU."""
+    tile = max(16, min(next_pow2(block_numel), 16384 // itemsize))  # 16 KiB per tile
+    tiles = cdiv(block_numel, tile)
+    per_program = 4 if tiles >= 64 else (2 if tiles >= 8 else 1)
+    grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))
+    return LaunchPlan(
+        kernel=copy_temporal_kernel,
+        grid=grid,
+        inputs=("pool", "src", "dst"),
+        scalars=("num_layers", "layer_stride", "block_stride", "block_numel", "num_blocks"),
+        outputs=("pool",),
+        constexprs={"TILE": tile, "TILES_PER_PROGRAM": per_program},
+        num_warps=8 if tile * itemsize >= 8192 else 4,
+        aliases={"pool": "pool"},
+    )
+
+
+def plan_copy_conv(
+    num_rows: int, num_layers: int, width: int, dim: int, itemsize: int, layout: str
+) -> LaunchPlan:
+    """Grid and tiling for the conv shift-copy: rows x layers on axis 0, channel tiles on
+    axis 1; every program covers all ``W`` rows of its channels."""
+    if layout not in ("SD", "DS"):
+        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
+    w_pad = next_pow2(width)
+    tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
+    grid = (max(1, num_rows * num_layers), cdiv(dim, tile_d))
+    return LaunchPlan(
+        kernel=copy_conv_kernel,
+        grid=grid,
+        inputs=("pool", "src", "dst", "shift"),
+        scalars=("num_layers", "layer_stride", "block_stride", "width", "dim", "num_blocks"),
+        outputs=("pool",),
+        constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "LAYOUT_DS": layout == "DS"},
+        num_warps=4,
+        aliases={"pool": "pool"},
+    )
