@@ -1,5 +1,8 @@
 # make test  : create .venv with the CI pins if needed, install the package, run pytest
 # make demo  : same set-up, then run the main example
+# make gpu   : on the GPU machine (device tool): the image's torch/triton, the whole test
+#              suite compiled on the GPU, then the benchmarks; logs and results to $(OUT)
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -8,7 +11,7 @@ PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv clean
+.PHONY: test demo venv clean gpu
 
 venv: $(STAMP)
 
@@ -27,3 +30,11 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+OUT ?= benchmarks/results
+gpu:
+	python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
+	mkdir -p $(OUT)
+	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
+	set -o pipefail; python3 -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
+	set -o pipefail; python3 benchmarks/bench_copy.py --out $(OUT) 2>&1 | tee $(OUT)/bench_copy.log

@@ -57,6 +57,11 @@ def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torc
             {"num_new": n, "block_size": block_size})
 
 
+@add_requests_.register_fake
+def _(state_idx, acc, num_computed, slots, num_computed_new, block_size):
+    return None
+
+
 # -- preprocess ---------------------------------------------------------------------------
 @torch.library.custom_op("mamba_align::preprocess_", mutates_args=("state_idx", "acc"))
 def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
@@ -175,6 +180,11 @@ def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
              "block_stride": bits.stride(1), "block_numel": numel, "num_blocks": pool.shape[1]})
 
 
+@copy_temporal_.register_fake
+def _(pool, src, dst):
+    return None
+
+
 @torch.library.custom_op("mamba_align::copy_conv_", mutates_args=("pool",))
 def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: torch.Tensor,
                layout: str) -> None:
@@ -199,6 +209,11 @@ def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: 
             {"num_layers": pool.shape[0], "layer_stride": bits.stride(0),
              "block_stride": bits.stride(1), "width": width, "dim": dim,
              "num_blocks": pool.shape[1]})
+
+
+@copy_conv_.register_fake
+def _(pool, src, dst, shift, layout):
+    return None
 
 
 def copy_block_plan_(pools, kinds, tsrc: torch.Tensor, csrc: torch.Tensor, dst: torch.Tensor,

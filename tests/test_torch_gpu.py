@@ -1,0 +1,182 @@
+"""GPU-only properties of the torch backend (run by ``make gpu`` on the device machine):
+64-bit offsets, grids beyond 65 535 programs, no host synchronisation, CUDA-graph capture
+and replay of a whole step, and torch.compile."""
+
+import numpy as np
+import pytest
+import torch
+
+from mamba_align.backends.torch import StateRunner
+from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu)"),
+]
+
+DEV = "cuda"
+
+
+def ids(*v):
+    return torch.tensor(v, dtype=torch.int64, device=DEV)
+
+
+def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
+    # 2 layers x 16 400 blocks x 65 536 bf16: the last blocks of layer 1 sit past 2^31 elements.
+    L, NB, E = 2, 16_400, 65_536
+    assert L * NB * E > 2**31
+    pool = torch.empty((L, NB, 16, 64, 64), dtype=torch.bfloat16, device=DEV)
+    pool[:, -4:].normal_()
+    pool[:, 1:3].normal_()
+    src, dst = ids(NB - 1, NB - 3, 1), ids(NB - 2, 2, NB - 4)
+    want = pool[:, src].clone()
+    keep = pool[:, NB - 3].clone()
+    torch.ops.mamba_align.copy_temporal_(pool, src, dst)
+    assert torch.equal(pool[:, dst].view(torch.int16), want.view(torch.int16))
+    assert torch.equal(pool[:, NB - 3].view(torch.int16), keep.view(torch.int16))
+    del pool
+    # conv: [1, NB, 4, 8192] bf16 with NB * 32 768 > 2^31
+    NB = 65_600
+    conv = torch.empty((1, NB, 4, 8192), dtype=torch.bfloat16, device=DEV)
+    conv[:, -3:].normal_()
+    before = conv[:, -3:].clone()
+    torch.ops.mamba_align.copy_conv_(conv, ids(NB - 1, NB - 3), ids(NB - 2, NB - 3), ids(1, 2), "SD")
+    assert torch.equal(conv[0, NB - 2, :3], before[0, 2, 1:])
+    assert torch.equal(conv[0, NB - 2, 3], before[0, 1, 3])
+    assert torch.equal(conv[0, NB - 3, :2], before[0, 0, 2:])  # in place, shift 2
+    assert torch.equal(conv[0, NB - 3, 2:], before[0, 0, 2:])
+
+
+def test_grid_beyond_65535_request_layer_programs():
+    rows, L = 2_100, 40  # 84 000 programs on axis 0
+    pool = torch.randn((L, 2 * rows + 1, 8, 16), device=DEV)
+    conv = torch.randn((L, 2 * rows + 1, 16, 5), device=DEV)  # DS, W = 5
+    perm = torch.randperm(2 * rows, device=DEV) + 1
+    src, dst = perm[:rows], perm[rows:]
+    shift = torch.randint(0, 4, (rows,), device=DEV)
+    want_t = pool.clone()
+    want_t[:, dst] = pool[:, src]
+    want_c = conv.clone()
+    for s in range(4):
+        m = shift == s
+        want_c[:, dst[m], :, : 5 - s] = conv[:, src[m], :, s:]
+    torch.ops.mamba_align.copy_temporal_(pool, src, dst)
+    torch.ops.mamba_align.copy_conv_(conv, src, dst, shift, "DS")
+    assert torch.equal(pool, want_t) and torch.equal(conv, want_c)
+
+
+def conv_ssm_config(S=2):
+    return CacheConfig(4, S, 3, {"conv": ConvSpec(4, 64, "SD", "bfloat16"),
+                                 "ssm": TemporalSpec((2, 16, 16), "float32")})
+
+
+def make_step_inputs(gen, rows, slots, cols, nb, S):
+    """A valid random step: distinct slots, -1 padding rows, block tables of distinct ids."""
+    perm = torch.randperm(slots, generator=gen)[:rows]
+    idx = torch.where(torch.rand(rows, generator=gen) < 0.2, -1, perm)
+    ql = torch.randint(1, S + 2, (rows,), generator=gen)
+    bt = (torch.randperm(nb - 1, generator=gen)[: slots * cols] + 1).view(slots, cols)
+    ns = torch.minimum(torch.randint(0, S + 2, (rows,), generator=gen), ql)
+    return [t.to(DEV).to(torch.int32) for t in (idx, ql, bt, ns)]
+
+
+def seeded(runner, gen, slots):
+    nc = torch.randint(0, 40, (slots,), generator=gen).to(DEV)
+    runner.add_requests(torch.arange(slots, device=DEV, dtype=torch.int32), nc.to(torch.int32))
+
+
+def fresh_pools(cfg, nb):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    return {n: torch.randn(cfg.pool_shape(n, nb), device=DEV, generator=g).to(
+        torch.bfloat16 if n == "conv" else torch.float32) for n in cfg.states}
+
+
+def run_step(runner, pools, idx, ql, is_spec, bt, ns):
+    s = runner.preprocess(pools, idx, ql, is_spec, bt)
+    c = runner.postprocess(pools, idx, ql, is_spec, ns, bt)
+    return [s.temporal_read, s.conv_read, s.conv_read_off, s.temporal_write, s.conv_write, c]
+
+
+def test_a_step_never_synchronises_with_the_host():
+    cfg = conv_ssm_config()
+    gen = torch.Generator().manual_seed(1)
+    runner = StateRunner(cfg, 16, DEV)
+    seeded(runner, gen, 16)
+    pools = fresh_pools(cfg, 16 * 12 + 1)
+    idx, ql, bt, ns = make_step_inputs(gen, 12, 16, 12, 16 * 12 + 1, 2)
+    spec = torch.ones(12, dtype=torch.bool, device=DEV)
+    run_step(runner, pools, idx, ql, spec, bt, ns)  # compile outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        runner.add_requests(idx[:1].clamp(min=0), ql[:1])
+        run_step(runner, pools, idx, ql, spec, bt, ns)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
+    cfg = conv_ssm_config()
+    rows, slots, cols, nb = 24, 32, 12, 32 * 12 + 1
+    gen = torch.Generator().manual_seed(2)
+    graph_runner = StateRunner(cfg, slots, DEV, mode)
+    eager_runner = StateRunner(cfg, slots, DEV, mode)
+    seeded(graph_runner, torch.Generator().manual_seed(9), slots)
+    seeded(eager_runner, torch.Generator().manual_seed(9), slots)
+    g_pools, e_pools = fresh_pools(cfg, nb), fresh_pools(cfg, nb)
+    static = make_step_inputs(gen, rows, slots, cols, nb, 2)
+    spec = torch.ones(rows, dtype=torch.bool, device=DEV)
+    # warm up (compiles) on a side stream, as CUDA graphs require, then restore the state
+    saved = [t.clone() for t in (graph_runner.state_idx, graph_runner.acc, graph_runner.num_computed)]
+    saved_pools = {n: p.clone() for n, p in g_pools.items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run_step(graph_runner, g_pools, static[0], static[1], spec, static[2], static[3])
+    torch.cuda.current_stream().wait_stream(s)
+    for t, v in zip((graph_runner.state_idx, graph_runner.acc, graph_runner.num_computed), saved):
+        t.copy_(v)
+    for n in g_pools:
+        g_pools[n].copy_(saved_pools[n])
+
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = run_step(graph_runner, g_pools, static[0], static[1], spec, static[2], static[3])
+    # capture does not execute: replay three steps with new inputs, eager alongside
+    for step in range(3):
+        new = make_step_inputs(gen, rows, slots, cols, nb, 2)
+        for st, nv in zip(static, new):
+            st.copy_(nv)
+        graph.replay()
+        want = run_step(eager_runner, e_pools, new[0], new[1], spec, new[2], new[3])
+        torch.cuda.synchronize()
+        for a, b in zip(outs, want):
+            assert torch.equal(a, b), f"step {step}"
+        for f in ("state_idx", "acc", "num_computed"):
+            assert torch.equal(getattr(graph_runner, f), getattr(eager_runner, f))
+        for n in g_pools:
+            assert torch.equal(g_pools[n].view(torch.int16 if n == "conv" else torch.int32),
+                               e_pools[n].view(torch.int16 if n == "conv" else torch.int32))
+
+
+def test_torch_compile_of_a_step():
+    cfg = conv_ssm_config()
+    rows, slots, cols, nb = 16, 16, 12, 16 * 12 + 1
+    gen = torch.Generator().manual_seed(3)
+    a, b = StateRunner(cfg, slots, DEV), StateRunner(cfg, slots, DEV)
+    seeded(a, torch.Generator().manual_seed(4), slots)
+    seeded(b, torch.Generator().manual_seed(4), slots)
+    pa, pb = fresh_pools(cfg, nb), fresh_pools(cfg, nb)
+    spec = torch.ones(rows, dtype=torch.bool, device=DEV)
+    compiled = torch.compile(run_step, fullgraph=True)
+    for _ in range(2):
+        idx, ql, bt, ns = make_step_inputs(gen, rows, slots, cols, nb, 2)
+        got = compiled(a, pa, idx, ql, spec, bt, ns)
+        want = run_step(b, pb, idx, ql, spec, bt, ns)
+        for x, y in zip(got, want):
+            assert torch.equal(x, y)
+        for n in pa:
+            assert torch.equal(pa[n].float(), pb[n].float()) or torch.equal(
+                pa[n].view(torch.int16), pb[n].view(torch.int16))
