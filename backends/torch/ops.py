@@ -8,9 +8,10 @@ synchronise), builds the plan from ``mamba_align.kernels`` and launches it.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import Tuple
 
 import torch
+from torch import Tensor
 
 from ... import kernels as K
 from .checks import flag_tensor, index_tensor, pool_tensor, same_device
@@ -66,7 +67,7 @@ def _(state_idx, acc, num_computed, slots, num_computed_new, block_size):
 @torch.library.custom_op("mamba_align::preprocess_", mutates_args=("state_idx", "acc"))
 def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
                 idx_mapping: torch.Tensor, query_len: torch.Tensor, block_table: torch.Tensor,
-                block_size: int) -> List[torch.Tensor]:
+                block_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SPEC.md §2 steps 1-2 on the device. Updates ``state_idx`` / ``acc`` in place and
     returns int64 ``[rows]`` tensors ``[src_col, src_off, new_col, copy_tsrc, copy_csrc,
     copy_dst, copy_shift]`` (the last four: the pre-copy's physical plan)."""
@@ -83,12 +84,12 @@ def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.
                       num_computed=num_computed)
         _launch(K.plan_preprocess(rows), arrays,
                 dict(scal, num_rows=rows, block_size=block_size))
-    return outs
+    return tuple(outs)
 
 
 @preprocess_.register_fake
 def _(state_idx, acc, num_computed, idx_mapping, query_len, block_table, block_size):
-    return [idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(7)]
+    return tuple(idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(7))
 
 
 # -- resolve ------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def _(state_idx, acc, num_computed, idx_mapping, query_len, block_table, block_s
 def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
             block_table: torch.Tensor, src_col: torch.Tensor, src_off: torch.Tensor,
             new_col: torch.Tensor, acc: torch.Tensor, num_spec: int,
-            copy_free: bool) -> List[torch.Tensor]:
+            copy_free: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SPEC.md §4 slots: int64 ``[temporal_read [rows], conv_read [rows], conv_read_off
     [rows], temporal_write [rows, 1 + S], conv_write [rows]]``."""
     dev = idx_mapping.device
@@ -117,7 +118,7 @@ def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.T
                       is_spec=is_spec, block_table=block_table, src_col=src_col,
                       src_off=src_off, new_col=new_col, acc=acc)
         _launch(K.plan_resolve(rows, num_spec, mode), arrays, dict(scal, num_rows=rows))
-    return outs
+    return tuple(outs)
 
 
 @resolve.register_fake
@@ -125,7 +126,7 @@ def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, a
       copy_free):
     rows = idx_mapping.shape[0]
     e = lambda *s: idx_mapping.new_empty((rows,) + s, dtype=torch.int64)  # noqa: E731
-    return [e(), e(), e(), e(1 + num_spec), e()]
+    return e(), e(), e(), e(1 + num_spec), e()
 
 
 # -- postprocess --------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, a
 def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
                  idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
                  num_sampled: torch.Tensor, block_table: torch.Tensor,
-                 block_size: int) -> List[torch.Tensor]:
+                 block_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SPEC.md §2 steps 5-7 on the device: accept, then the boundary decision. Updates
     ``acc`` / ``num_computed`` in place; returns int64 ``[rows]`` tensors ``[cache_col,
     copy_tsrc, copy_csrc, copy_dst, copy_shift]``."""
@@ -152,13 +153,13 @@ def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch
                       state_idx=state_idx, acc=acc, num_computed=num_computed)
         _launch(K.plan_postprocess(rows), arrays,
                 dict(scal, num_rows=rows, block_size=block_size))
-    return outs
+    return tuple(outs)
 
 
 @postprocess_.register_fake
 def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled, block_table,
       block_size):
-    return [idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(5)]
+    return tuple(idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(5))
 
 
 # -- copies --------------------------------------------------------------------------------

@@ -58,8 +58,8 @@ class StateRunner:
             raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
         self.config = config
         self.mode = mode
-        self.device = torch.device(device)
-        self.state_idx = torch.full((num_slots,), -1, dtype=index_dtype, device=self.device)
+        self.state_idx = torch.full((num_slots,), -1, dtype=index_dtype, device=device)
+        self.device = self.state_idx.device  # resolved: "cuda" -> cuda:0
         self.acc = torch.ones(num_slots, dtype=index_dtype, device=self.device)
         self.num_computed = torch.zeros(num_slots, dtype=index_dtype, device=self.device)
         self.kinds = {

@@ -1,0 +1,277 @@
+"""GPU benchmark of the state-block pre-copy on Qwen3-Next-like pools.
+
+For each batch size B, B rows copy a random source block into a random destination block
+(all 2B ids distinct) in every layer of
+
+- the temporal pool ``[L, NB, 32, 128, 128]`` fp32 (2 MiB per block): our
+  ``torch.ops.mamba_align.copy_temporal_`` vs ``pool[:, dst] = pool[:, src]`` vs
+  ``pool.index_copy_(1, dst, pool.index_select(1, src))``;
+- the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row: our
+  ``torch.ops.mamba_align.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
+- both of our launches back to back (the whole pre-copy).
+
+Bytes moved = read + write of the data copied (``2 * B * L * block_bytes``; for the conv
+pool the ``W - 1`` rows that move). Times are ``triton.testing.do_bench`` medians; the
+ceiling is a device-to-device ``b.copy_(a)`` of a contiguous buffer as large as the
+biggest copy (at least 1 GiB), measured first in the same run. Without a GPU the script
+runs on CPU tensors (Triton interpreter) with a ``time.perf_counter`` timer: use
+``--small`` for that smoke run.
+
+Usage::
+
+    python benchmarks/bench_copy.py [--out benchmarks/results] [--layers 36]
+        [--batches 1 8 64 256] [--num-blocks NB] [--small]
+
+Writes ``copy_h200.json``, ``copy_h200.md`` and ``copy_h200.png`` under ``--out``; then
+``python benchmarks/make_benchmarks_md.py`` rewrites ``BENCHMARKS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from make_benchmarks_md import tables_md  # noqa: E402
+
+GIB = 1 << 30
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _import_ops() -> None:
+    """Register ``torch.ops.mamba_align.*`` (this also picks the Triton interpreter when
+    there is no GPU, so it runs before triton is imported). Falls back to loading the
+    repository root as ``mamba_align`` when the package is not installed."""
+    try:
+        import mamba_align.backends.torch  # noqa: F401
+    except ImportError:
+        root = HERE.parent
+        spec = importlib.util.spec_from_file_location(
+            "mamba_align", root / "__init__.py", submodule_search_locations=[str(root)])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mamba_align"] = module
+        spec.loader.exec_module(module)
+        importlib.import_module("mamba_align.backends.torch")
+
+
+_import_ops()
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+
+# -- timing --------------------------------------------------------------------------------
+def bench_ms(fn: Callable[[], Any], cuda: bool) -> float:
+    """Median time of ``fn`` in ms: ``do_bench`` on the GPU, a few perf_counter runs on CPU."""
+    if cuda:
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def record(method: str, pool: str, batch: int, layers: int, nbytes: int, ms: float) -> Dict:
+    return {"method": method, "pool": pool, "batch": batch, "layers": layers,
+            "bytes": nbytes, "ms": ms, "tbps": nbytes / (ms * 1e-3) / 1e12}
+
+
+def free(cuda: bool) -> None:
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(_BITS[t.element_size()])
+
+
+# -- the benchmark ---------------------------------------------------------------------------
+def d2d_ceiling(nbytes: int, device: torch.device, cuda: bool) -> Dict[str, Any]:
+    """``b.copy_(a)`` of ``nbytes`` contiguous bytes (2 * nbytes moved); buffers freed."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
+    b = torch.empty_like(a)
+    ms = bench_ms(lambda: b.copy_(a), cuda)
+    del a, b
+    free(cuda)
+    return {"bytes": 2 * nbytes, "ms": ms, "tbps": 2 * nbytes / (ms * 1e-3) / 1e12}
+
+
+def pick_rows(batch: int, num_blocks: int, gen: torch.Generator, device: torch.device):
+    ids = torch.randperm(num_blocks, generator=gen)[: 2 * batch].to(device)
+    return ids[:batch].contiguous(), ids[batch:].contiguous()
+
+
+def check_ours(temporal: torch.Tensor, conv: torch.Tensor, src: torch.Tensor,
+               dst: torch.Tensor, shift: torch.Tensor) -> None:
+    """One launch of each of our copies; compare bit patterns with the saved sources."""
+    saved = bits(temporal[:, src])  # advanced indexing returns a copy
+    torch.ops.mamba_align.copy_temporal_(temporal, src, dst)
+    if not torch.equal(bits(temporal[:, dst]), saved):
+        raise SystemExit(f"copy_temporal_ is WRONG for B={src.numel()}: "
+                         "pool[:, dst] != pool[:, src]")
+    del saved
+    w = conv.shape[2]
+    saved = bits(conv[:, src, 1:])
+    torch.ops.mamba_align.copy_conv_(conv, src, dst, shift, "SD")
+    if not torch.equal(bits(conv[:, dst, : w - 1]), saved):
+        raise SystemExit(f"copy_conv_ is WRONG for B={src.numel()}: pool[:, dst, :W-1] != "
+                         "pool[:, src, 1:]")
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    L, batches = args.layers, sorted(args.batches)
+    nb = args.num_blocks or 2 * max(batches) + 1
+    if nb < 2 * max(batches):
+        raise SystemExit(f"--num-blocks {nb} < 2 * max(batches) = {2 * max(batches)}")
+    t_block, c_block = tuple(args.temporal_block), tuple(args.conv_block)
+    t_dtype, c_dtype = torch.float32, torch.bfloat16
+    t_bytes = t_dtype.itemsize * torch.Size(t_block).numel()
+    w, dim = c_block
+    c_moved = (w - 1) * dim * c_dtype.itemsize  # per row and layer, shift = 1
+
+    # 1. the ceiling first, with its own buffers (freed before the ~36 GiB pool exists)
+    floor = 0 if args.small else GIB
+    d2d = d2d_ceiling(max(floor, max(batches) * L * t_bytes), device, cuda)
+    print(f"d2d ceiling: {d2d['tbps']:.3f} TB/s ({d2d['bytes'] / 2 / GIB:.2f} GiB copied)")
+
+    # 2. the pools, allocated once for the largest batch
+    gen = torch.Generator().manual_seed(0)
+    temporal = torch.empty((L, nb) + t_block, dtype=t_dtype, device=device).normal_()
+    conv = torch.empty((L, nb) + c_block, dtype=c_dtype, device=device).normal_()
+    print(f"pools: temporal {list(temporal.shape)} {temporal.numel() * t_dtype.itemsize / GIB:.1f}"
+          f" GiB, conv {list(conv.shape)} {conv.numel() * c_dtype.itemsize / GIB:.2f} GiB")
+
+    records: List[Dict[str, Any]] = []
+    for b in batches:
+        src, dst = pick_rows(b, nb, gen, device)
+        shift = torch.ones_like(src)
+        check_ours(temporal, conv, src, dst, shift)
+        free(cuda)
+        tb, cb = 2 * b * L * t_bytes, 2 * b * L * c_moved
+        ops = torch.ops.mamba_align
+
+        def idx_temporal() -> None:
+            temporal[:, dst] = temporal[:, src]
+
+        def idx_conv() -> None:
+            conv[:, dst, : w - 1] = conv[:, src, 1:]
+
+        def pre_copy() -> None:
+            ops.copy_temporal_(temporal, src, dst)
+            ops.copy_conv_(conv, src, dst, shift, "SD")
+
+        cases = [
+            ("ours", "temporal", tb, lambda: ops.copy_temporal_(temporal, src, dst)),
+            ("torch_index", "temporal", tb, idx_temporal),
+            ("index_copy", "temporal", tb,
+             lambda: temporal.index_copy_(1, dst, temporal.index_select(1, src))),
+            ("ours", "conv", cb, lambda: ops.copy_conv_(conv, src, dst, shift, "SD")),
+            ("torch_index", "conv", cb, idx_conv),
+            ("ours", "combined", tb + cb, pre_copy),
+        ]
+        for method, pool, nbytes, fn in cases:
+            records.append(record(method, pool, b, L, nbytes, bench_ms(fn, cuda)))
+            free(cuda)
+            r = records[-1]
+            print(f"B={b:4d} {pool:9s} {method:12s} {r['ms']:9.4f} ms {r['tbps']:7.3f} TB/s")
+
+    header = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "timer": ("triton.testing.do_bench, median (warmup 25 ms, rep 100 ms)" if cuda
+                  else "time.perf_counter, median of 3 (CPU fallback, not a GPU number)"),
+        "d2d": d2d,
+        "config": {
+            "layers": L, "num_blocks": nb, "batches": batches,
+            "temporal_shape": [L, nb, *t_block], "temporal_block_bytes": t_bytes,
+            "temporal_dtype": str(t_dtype).replace("torch.", ""),
+            "conv_shape": [L, nb, *c_block], "conv_dtype": str(c_dtype).replace("torch.", ""),
+            "conv_layout": "SD", "conv_shift": 1,
+        },
+    }
+    return {"header": header, "records": records}
+
+
+# -- output ------------------------------------------------------------------------------------
+def plot(data: Dict[str, Any], path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: skipping {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series: Dict[tuple, List[tuple]] = {}
+    for r in data["records"]:
+        series.setdefault((r["pool"], r["method"]), []).append((r["batch"], r["tbps"]))
+    for (pool, method), pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{pool}: {method}")
+    d2d = data["header"]["d2d"]["tbps"]
+    ax.axhline(d2d, color="black", linestyle="--", label=f"d2d copy_ ({d2d:.2f} TB/s)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(data["header"]["config"]["batches"])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("batch rows B")
+    ax.set_ylabel("TB/s (read + write)")
+    ax.set_title(f"State-block pre-copy, {data['header']['device']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    ap.add_argument("--layers", type=int, help="layers L (default 36, --small: 2)")
+    ap.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 8 64 256)")
+    ap.add_argument("--num-blocks", type=int, help="blocks NB per pool (default 2*max(B)+1)")
+    ap.add_argument("--small", action="store_true",
+                    help="quick smoke run: 2 layers, blocks [2,8,8] / [3,32], batches 1 2")
+    args = ap.parse_args(argv)
+    small = args.small
+    args.layers = args.layers or (2 if small else 36)
+    args.batches = args.batches or ([1, 2] if small else [1, 8, 64, 256])
+    args.temporal_block = [2, 8, 8] if small else [32, 128, 128]
+    args.conv_block = [3, 32] if small else [3, 8192]
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse_args(argv)
+    data = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "copy_h200.json").write_text(json.dumps(data, indent=1) + "\n")
+    table = tables_md(data)
+    (args.out / "copy_h200.md").write_text(table + "\n")
+    plot(data, args.out / "copy_h200.png")
+    print()
+    print(table)
+    print(f"\nwrote {args.out}/copy_h200.{{json,md,png}}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Rewrite ``BENCHMARKS.md`` from the results of ``benchmarks/bench_copy.py``.
+
+Every number in the page comes from the JSON (card, versions, date, timings); only the
+targets of the issue are written here. ``bench_copy.py`` imports :func:`tables_md` to print
+the same tables it stores.
+
+Usage::
+
+    python benchmarks/make_benchmarks_md.py                       # repo-root BENCHMARKS.md
+    python benchmarks/make_benchmarks_md.py --json R.json --out /tmp/BENCHMARKS.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "copy_h200.json"
+DEFAULT_OUT = ROOT / "BENCHMARKS.md"
+PLOT_LINK = "benchmarks/results/copy_h200.png"
+
+# Targets of the issue, on the temporal pool (the bulk of the pre-copy's bytes).
+MIN_TBPS_LARGE = 3.8  # TB/s at B >= 8
+MIN_TBPS_B1 = 3.2  # TB/s at B = 1
+MIN_SPEEDUP_VS_INDEXING = 4.5  # x torch advanced indexing, every B
+
+
+def _lookup(data: Dict[str, Any]) -> Dict[tuple, Dict[str, Any]]:
+    return {(r["pool"], r["method"], r["batch"]): r for r in data["records"]}
+
+
+def batches(data: Dict[str, Any]) -> List[int]:
+    return sorted({r["batch"] for r in data["records"]})
+
+
+def _tbps(rec: Dict[tuple, Dict[str, Any]], pool: str, method: str, b: int) -> Optional[float]:
+    r = rec.get((pool, method, b))
+    return None if r is None else r["tbps"]
+
+
+def _fmt(x: Optional[float], spec: str = ".2f", suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or not b else a / b
+
+
+def tables_md(data: Dict[str, Any]) -> str:
+    """Two markdown tables: the temporal pool (ours vs torch vs the d2d ceiling) and the
+    conv pool with the combined pre-copy. Throughput in TB/s (1e12 B/s, read + write)."""
+    rec, d2d = _lookup(data), data["header"]["d2d"]["tbps"]
+    lines = [
+        "| B | MB moved | ours TB/s | torch indexing TB/s | index_copy_ TB/s "
+        "| ours / indexing | ours / index_copy_ | % of d2d |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in batches(data):
+        ours = _tbps(rec, "temporal", "ours", b)
+        idx = _tbps(rec, "temporal", "torch_index", b)
+        ic = _tbps(rec, "temporal", "index_copy", b)
+        mb = rec[("temporal", "ours", b)]["bytes"] / 1e6 if ("temporal", "ours", b) in rec else None
+        pct = _ratio(ours, d2d)
+        lines.append(
+            f"| {b} | {_fmt(mb, '.1f')} | {_fmt(ours)} | {_fmt(idx)} | {_fmt(ic)} "
+            f"| {_fmt(_ratio(ours, idx), '.2f', 'x')} | {_fmt(_ratio(ours, ic), '.2f', 'x')} "
+            f"| {_fmt(None if pct is None else 100 * pct, '.0f', '%')} |"
+        )
+    lines += [
+        "",
+        "| B | conv ours TB/s | conv torch indexing TB/s | conv ours / indexing "
+        "| pre-copy (temporal + conv) ms | pre-copy TB/s |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b in batches(data):
+        ours = _tbps(rec, "conv", "ours", b)
+        idx = _tbps(rec, "conv", "torch_index", b)
+        comb = rec.get(("combined", "ours", b))
+        lines.append(
+            f"| {b} | {_fmt(ours)} | {_fmt(idx)} | {_fmt(_ratio(ours, idx), '.2f', 'x')} "
+            f"| {_fmt(comb and comb['ms'], '.4f')} | {_fmt(comb and comb['tbps'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _check(rows: List[tuple], want: float, unit: str) -> tuple:
+    """``rows`` = [(batch, value)]: the worst value, and met / missed / not measured."""
+    vals = [(b, v) for b, v in rows if v is not None]
+    if not vals:
+        return "not measured", "not measured"
+    b, worst = min(vals, key=lambda bv: bv[1])
+    return f"{worst:.2f}{unit} (worst, at B = {b})", "met" if worst >= want else "missed"
+
+
+def targets_md(data: Dict[str, Any]) -> str:
+    rec, bs = _lookup(data), batches(data)
+    ours = {b: _tbps(rec, "temporal", "ours", b) for b in bs}
+    speedup = {b: _ratio(ours[b], _tbps(rec, "temporal", "torch_index", b)) for b in bs}
+    rows = [
+        (f"≥ {MIN_TBPS_LARGE} TB/s at B ≥ 8",
+         _check([(b, ours[b]) for b in bs if b >= 8], MIN_TBPS_LARGE, " TB/s")),
+        (f"≥ {MIN_TBPS_B1} TB/s at B = 1",
+         _check([(b, ours[b]) for b in bs if b == 1], MIN_TBPS_B1, " TB/s")),
+        (f"≥ {MIN_SPEEDUP_VS_INDEXING}× torch advanced indexing at every B",
+         _check([(b, speedup[b]) for b in bs], MIN_SPEEDUP_VS_INDEXING, "×")),
+    ]
+    lines = ["| target (temporal pool, ours) | measured | status |", "|---|---|---|"]
+    lines += [f"| {t} | {m} | {s} |" for t, (m, s) in rows]
+    return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def benchmarks_md(data: Dict[str, Any], source: Path = DEFAULT_JSON,
+                  plot_link: str = PLOT_LINK) -> str:
+    h = data["header"]
+    d2d = h["d2d"]
+    cfg = h["config"]
+    return f"""# Benchmarks
+
+Generated by `benchmarks/make_benchmarks_md.py` from `{_shown(source)}`
+(written by `benchmarks/bench_copy.py`); do not edit by hand.
+
+## State-block pre-copy
+
+- Card: {h['device']}
+- Versions: torch {h['torch']}, triton {h['triton']}
+- Date: {h['date']}
+- Temporal pool: `{cfg['temporal_shape']}` {cfg['temporal_dtype']}
+  ({cfg['temporal_block_bytes'] / 2**20:.2f} MiB per block).
+- Conv pool: `{cfg['conv_shape']}` {cfg['conv_dtype']}, {cfg['conv_layout']} layout, shift
+  {cfg['conv_shift']} on every row (only the `W - {cfg['conv_shift']}` rows that move are
+  counted).
+- Each batch row copies a random source block into a random destination block; all ids
+  are distinct. Bytes moved = read + write of the copied data; TB/s = 1e12 B/s.
+- Timing: {h['timer']}.
+- Ceiling: device-to-device `b.copy_(a)` of {d2d['bytes'] / 2 / 2**30:.2f} GiB, measured in
+  the same run: {d2d['tbps']:.2f} TB/s ({d2d['ms']:.3f} ms).
+
+### Targets
+
+{targets_md(data)}
+
+### Results
+
+{tables_md(data)}
+
+![pre-copy throughput vs batch]({plot_link})
+
+Reproduce on the GPU:
+
+```
+python benchmarks/bench_copy.py            # writes benchmarks/results/copy_h200.*
+python benchmarks/make_benchmarks_md.py    # rewrites BENCHMARKS.md
+```
+"""
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=DEFAULT_JSON, help="bench_copy.py results")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown file to (re)write")
+    args = ap.parse_args(argv)
+    data = json.loads(args.json.read_text())
+    args.out.write_text(benchmarks_md(data, args.json))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
