@@ -14,6 +14,8 @@ Divisions only ever see non-negative numerators (Triton divides by truncation).
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -169,6 +171,7 @@ def _row_grid(num_rows: int):
     return (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),)
 
 
+@functools.lru_cache(maxsize=256)
 def plan_add_requests(num_new: int) -> LaunchPlan:
     return LaunchPlan(
         kernel=add_requests_kernel,
@@ -181,6 +184,7 @@ def plan_add_requests(num_new: int) -> LaunchPlan:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def plan_preprocess(num_rows: int) -> LaunchPlan:
     return LaunchPlan(
         kernel=preprocess_kernel,
@@ -194,6 +198,7 @@ def plan_preprocess(num_rows: int) -> LaunchPlan:
     )
 
 
+@functools.lru_cache(maxsize=256)
 def plan_postprocess(num_rows: int) -> LaunchPlan:
     return LaunchPlan(
         kernel=postprocess_kernel,

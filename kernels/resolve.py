@@ -7,6 +7,8 @@ crossing rows then read the old column instead of the freshly copied window.
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -79,6 +81,7 @@ def resolve_kernel(
     tl.store(temporal_write_ptr + r[:, None] * WIN + j[None, :], win.to(tl.int64), mask=out_mask)
 
 
+@functools.lru_cache(maxsize=256)
 def plan_resolve(num_rows: int, num_spec: int, mode: str) -> LaunchPlan:
     if mode not in ("pre-copy", "copy-free"):
         raise ValueError(f"mode must be 'pre-copy' or 'copy-free', got {mode!r}")

@@ -3,7 +3,9 @@
 CUDA-graph capture and under ``torch.compile``.
 
 Each launcher validates dtypes, shapes, devices and layouts (never values: that would
-synchronise), builds the plan from ``mamba_align.kernels`` and launches it.
+synchronise), builds the plan from ``mamba_align.kernels`` and launches it. :func:`call`
+runs the plain Python launcher when not compiling: the custom-op dispatcher costs about
+25 us of host time per call (measured on the H200 host), which an eager step need not pay.
 """
 
 from __future__ import annotations
@@ -15,6 +17,26 @@ from torch import Tensor
 
 from ... import kernels as K
 from .checks import flag_tensor, index_tensor, pool_tensor, same_device
+
+
+EAGER = {}  # op name -> the plain launcher behind the custom op
+
+
+def _op(name: str, mutates=()):
+    """Register ``fn`` as ``torch.ops.mamba_align.<name>`` and remember the plain function."""
+
+    def wrap(fn):
+        EAGER[name] = fn
+        return torch.library.custom_op(f"mamba_align::{name}", fn, mutates_args=mutates)
+
+    return wrap
+
+
+def call(name: str, *args):
+    """Run op ``name``: through the dispatcher under ``torch.compile``, directly otherwise."""
+    if torch.compiler.is_compiling():
+        return getattr(torch.ops.mamba_align, name)(*args)
+    return EAGER[name](*args)
 
 
 def _launch(plan: K.LaunchPlan, arrays, scalars) -> None:
@@ -41,7 +63,7 @@ def _block_table(bt, dev):
 
 
 # -- add_requests ------------------------------------------------------------------------
-@torch.library.custom_op("mamba_align::add_requests_", mutates_args=("state_idx", "acc", "num_computed"))
+@_op("add_requests_", ("state_idx", "acc", "num_computed"))
 def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
                   slots: torch.Tensor, num_computed_new: torch.Tensor, block_size: int) -> None:
     """Seed slots ``slots`` ([n]) with ``num_computed_new`` ([n]) computed tokens in place:
@@ -64,7 +86,7 @@ def _(state_idx, acc, num_computed, slots, num_computed_new, block_size):
 
 
 # -- preprocess ---------------------------------------------------------------------------
-@torch.library.custom_op("mamba_align::preprocess_", mutates_args=("state_idx", "acc"))
+@_op("preprocess_", ("state_idx", "acc"))
 def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
                 idx_mapping: torch.Tensor, query_len: torch.Tensor, block_table: torch.Tensor,
                 block_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -93,7 +115,7 @@ def _(state_idx, acc, num_computed, idx_mapping, query_len, block_table, block_s
 
 
 # -- resolve ------------------------------------------------------------------------------
-@torch.library.custom_op("mamba_align::resolve", mutates_args=())
+@_op("resolve", ())
 def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
             block_table: torch.Tensor, src_col: torch.Tensor, src_off: torch.Tensor,
             new_col: torch.Tensor, acc: torch.Tensor, num_spec: int,
@@ -130,7 +152,7 @@ def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, a
 
 
 # -- postprocess --------------------------------------------------------------------------
-@torch.library.custom_op("mamba_align::postprocess_", mutates_args=("acc", "num_computed"))
+@_op("postprocess_", ("acc", "num_computed"))
 def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
                  idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
                  num_sampled: torch.Tensor, block_table: torch.Tensor,
@@ -163,7 +185,7 @@ def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled
 
 
 # -- copies --------------------------------------------------------------------------------
-@torch.library.custom_op("mamba_align::copy_temporal_", mutates_args=("pool",))
+@_op("copy_temporal_", ("pool",))
 def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
     """In place, for every row with ``src >= 0``: ``pool[:, dst] = pool[:, src]`` (bit copy).
     ``pool`` is ``[L, NB, ...]`` (any dtype, contiguous inner block); ``src``/``dst`` int
@@ -186,7 +208,7 @@ def _(pool, src, dst):
     return None
 
 
-@torch.library.custom_op("mamba_align::copy_conv_", mutates_args=("pool",))
+@_op("copy_conv_", ("pool",))
 def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: torch.Tensor,
                layout: str) -> None:
     """In place, for every row with ``src >= 0``: the conv window of ``src`` shifted left by
@@ -224,6 +246,6 @@ def copy_block_plan_(pools, kinds, tsrc: torch.Tensor, csrc: torch.Tensor, dst: 
     for name, pool in pools.items():
         kind = kinds[name]
         if kind == "temporal":
-            torch.ops.mamba_align.copy_temporal_(pool, tsrc, dst)
+            call("copy_temporal_", pool, tsrc, dst)
         else:
-            torch.ops.mamba_align.copy_conv_(pool, csrc, dst, shift, kind)
+            call("copy_conv_", pool, csrc, dst, shift, kind)

@@ -83,7 +83,7 @@ class StateRunner:
     def add_requests(self, slots: torch.Tensor, num_computed: torch.Tensor) -> None:
         """Seed request slots (``[n]`` int) with their computed tokens (0 = fresh, a
         multiple of ``B`` after a prefix-cache hit)."""
-        torch.ops.mamba_align.add_requests_(self.state_idx, self.acc, self.num_computed, slots,
+        ops.call("add_requests_", self.state_idx, self.acc, self.num_computed, slots,
                                             num_computed, self.config.block_size)
 
     def preprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
@@ -92,12 +92,14 @@ class StateRunner:
         """Bookkeeping, the pre-copy (pre-copy mode) and slot resolution for one step."""
         self.check_pools(pools)
         cfg = self.config
-        src_col, src_off, new_col, tsrc, csrc, dst, shift = torch.ops.mamba_align.preprocess_(
+        src_col, src_off, new_col, tsrc, csrc, dst, shift = ops.call(
+            "preprocess_", 
             self.state_idx, self.acc, self.num_computed, idx_mapping, query_len, block_table,
             cfg.block_size)
         if self.mode == "pre-copy":
             ops.copy_block_plan_(pools, self.kinds, tsrc, csrc, dst, shift)
-        t_read, c_read, c_off, t_write, c_write = torch.ops.mamba_align.resolve(
+        t_read, c_read, c_off, t_write, c_write = ops.call(
+            "resolve", 
             idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, self.acc,
             cfg.num_spec, self.mode == "copy-free")
         return TorchSlots(t_read, c_read, c_off, t_write, c_write, src_col, src_off, new_col)
@@ -108,7 +110,8 @@ class StateRunner:
         """Accept ``num_sampled`` ([rows]) and save boundary snapshots. Returns int64
         ``[rows]``: the column whose block may enter the prefix cache, -1 if none."""
         self.check_pools(pools)
-        cache_col, tsrc, csrc, dst, shift = torch.ops.mamba_align.postprocess_(
+        cache_col, tsrc, csrc, dst, shift = ops.call(
+            "postprocess_", 
             self.state_idx, self.acc, self.num_computed, idx_mapping, query_len, is_spec,
             num_sampled, block_table, self.config.block_size)
         ops.copy_block_plan_(pools, self.kinds, tsrc, csrc, dst, shift)
