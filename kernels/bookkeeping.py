@@ -1,6 +1,7 @@
 """Per-step bookkeeping kernels (SPEC.md §1-2), one program per tile of batch rows.
 
-Every batch row maps to a distinct request slot (or -1 = skip), so the program that
+Every batch row maps to a distinct request slot (or -1 = skip; a slot id outside the
+arrays is skipped too, so bad input never writes out of bounds), so the program that
 reads a slot's ``state_idx`` / ``acc`` / ``num_computed`` is the only one writing them.
 Per-slot arrays are in place: passed as inputs and as outputs, read and written through
 the output pointer. Index arrays may be int32 or int64; all arithmetic is int64.
@@ -32,6 +33,7 @@ def add_requests_kernel(
     acc_in_ptr,
     num_computed_in_ptr,
     num_new,
+    num_slots,
     block_size,
     state_idx_ptr,
     acc_ptr,
@@ -41,7 +43,7 @@ def add_requests_kernel(
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = i < num_new
     slot = tl.load(slots_ptr + i, mask=m, other=-1).to(tl.int64)
-    m = m & (slot >= 0)
+    m = m & (slot >= 0) & (slot < num_slots)  # an out-of-range slot writes nothing
     nc = tl.load(new_computed_ptr + i, mask=m, other=0).to(tl.int64)
     col = tl.where(nc > 0, (nc - 1) // block_size, -1)
     tl.store(state_idx_ptr + slot, col.to(state_idx_ptr.dtype.element_ty), mask=m)
@@ -65,6 +67,7 @@ def preprocess_kernel(
     acc_in_ptr,
     num_computed_ptr,  # read only
     num_rows,
+    num_slots,  # rows of the per-slot arrays and of the block table, whichever is fewer
     block_size,
     bt_stride,
     max_cols,
@@ -82,7 +85,7 @@ def preprocess_kernel(
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_batch = r < num_rows
     slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0)
+    live = in_batch & (slot >= 0) & (slot < num_slots)  # out-of-range slots are skipped
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
@@ -120,6 +123,7 @@ def postprocess_kernel(
     acc_in_ptr,
     num_computed_in_ptr,
     num_rows,
+    num_slots,  # rows of the per-slot arrays and of the block table, whichever is fewer
     block_size,
     bt_stride,
     max_cols,
@@ -135,7 +139,7 @@ def postprocess_kernel(
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_batch = r < num_rows
     slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0)
+    live = in_batch & (slot >= 0) & (slot < num_slots)  # out-of-range slots are skipped
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
@@ -177,7 +181,7 @@ def plan_add_requests(num_new: int) -> LaunchPlan:
         kernel=add_requests_kernel,
         grid=_row_grid(num_new),
         inputs=("slots", "num_computed_new", "state_idx", "acc", "num_computed"),
-        scalars=("num_new", "block_size"),
+        scalars=("num_new", "num_slots", "block_size"),
         outputs=("state_idx", "acc", "num_computed"),
         constexprs={"BLOCK": ROWS_PER_PROGRAM},
         aliases={"state_idx": "state_idx", "acc": "acc", "num_computed": "num_computed"},
@@ -190,7 +194,7 @@ def plan_preprocess(num_rows: int) -> LaunchPlan:
         kernel=preprocess_kernel,
         grid=_row_grid(num_rows),
         inputs=("idx_mapping", "query_len", "block_table", "state_idx", "acc", "num_computed"),
-        scalars=("num_rows", "block_size", "bt_stride", "max_cols"),
+        scalars=("num_rows", "num_slots", "block_size", "bt_stride", "max_cols"),
         outputs=("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst",
                  "copy_shift", "state_idx", "acc"),
         constexprs={"BLOCK": ROWS_PER_PROGRAM},
@@ -205,7 +209,7 @@ def plan_postprocess(num_rows: int) -> LaunchPlan:
         grid=_row_grid(num_rows),
         inputs=("idx_mapping", "query_len", "is_spec", "num_sampled", "block_table",
                 "state_idx", "acc", "num_computed"),
-        scalars=("num_rows", "block_size", "bt_stride", "max_cols"),
+        scalars=("num_rows", "num_slots", "block_size", "bt_stride", "max_cols"),
         outputs=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift", "acc",
                  "num_computed"),
         constexprs={"BLOCK": ROWS_PER_PROGRAM},

@@ -27,6 +27,7 @@ def resolve_kernel(
     new_col_ptr,
     acc_ptr,
     num_rows,
+    num_slots,
     bt_stride,
     max_cols,
     temporal_read_ptr,
@@ -42,7 +43,7 @@ def resolve_kernel(
     r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     in_batch = r < num_rows
     slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0)
+    live = in_batch & (slot >= 0) & (slot < num_slots)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
     src_col = tl.load(src_col_ptr + r, mask=live, other=-1).to(tl.int64)
@@ -91,7 +92,7 @@ def plan_resolve(num_rows: int, num_spec: int, mode: str) -> LaunchPlan:
         grid=(max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),),
         inputs=("idx_mapping", "query_len", "is_spec", "block_table", "src_col", "src_off",
                 "new_col", "acc"),
-        scalars=("num_rows", "bt_stride", "max_cols"),
+        scalars=("num_rows", "num_slots", "bt_stride", "max_cols"),
         outputs=("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write"),
         constexprs={"WIN": win, "WIN_PAD": next_pow2(win), "BLOCK": ROWS_PER_PROGRAM,
                     "COPY_FREE": mode == "copy-free"},

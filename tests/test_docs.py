@@ -19,6 +19,7 @@ def test_readme_python_blocks_run(capsys):
         exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "[1] [2]" in out  # the boundary at 8 tokens lands in column 1 with bias 2
+    assert "[5] [[5, 6, 7]]" in out and "[1] True" in out  # the torch quick-start
 
 
 def test_demo_example_runs():

@@ -57,9 +57,11 @@ def _slot_arrays(state_idx, acc, num_computed):
     return dev
 
 
-def _block_table(bt, dev):
+def _block_table(bt, dev, num_slots: int):
+    """Scalars for the kernels; slots beyond the per-slot arrays or the table are skipped."""
     index_tensor("block_table", bt, dev, (None, None))
-    return {"bt_stride": bt.stride(0), "max_cols": bt.shape[1]}
+    return {"bt_stride": bt.stride(0), "max_cols": bt.shape[1],
+            "num_slots": min(num_slots, bt.shape[0])}
 
 
 # -- add_requests ------------------------------------------------------------------------
@@ -77,7 +79,7 @@ def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torc
     plan = K.plan_add_requests(n)
     _launch(plan, {"slots": slots, "num_computed_new": num_computed_new, "state_idx": state_idx,
                    "acc": acc, "num_computed": num_computed},
-            {"num_new": n, "block_size": block_size})
+            {"num_new": n, "num_slots": state_idx.shape[0], "block_size": block_size})
 
 
 @add_requests_.register_fake
@@ -97,7 +99,7 @@ def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.
     rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
     index_tensor("idx_mapping", idx_mapping, dev, (None,))
     index_tensor("query_len", query_len, dev, (rows,))
-    scal = _block_table(block_table, dev)
+    scal = _block_table(block_table, dev, state_idx.shape[0])
     outs = [_rows_like(idx_mapping, rows) for _ in range(7)]
     if rows:
         names = ("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
@@ -130,7 +132,7 @@ def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.T
     for name, t in (("src_col", src_col), ("src_off", src_off), ("new_col", new_col)):
         index_tensor(name, t, dev, (rows,))
     index_tensor("acc", acc, dev, (None,))
-    scal = _block_table(block_table, dev)
+    scal = _block_table(block_table, dev, acc.shape[0])
     outs = [_rows_like(idx_mapping, rows) for _ in range(3)]
     outs += [_rows_like(idx_mapping, rows, 1 + num_spec), _rows_like(idx_mapping, rows)]
     if rows:
@@ -166,7 +168,7 @@ def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch
     index_tensor("query_len", query_len, dev, (rows,))
     flag_tensor("is_spec", is_spec, rows, dev)
     index_tensor("num_sampled", num_sampled, dev, (rows,))
-    scal = _block_table(block_table, dev)
+    scal = _block_table(block_table, dev, state_idx.shape[0])
     outs = [_rows_like(idx_mapping, rows) for _ in range(5)]
     if rows:
         names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
