@@ -27,15 +27,8 @@ from .copy_ref import (
     postprocess_copy_plan,
     precopy_plan,
 )
-from .scheduler import (
-    CachedBlock,
-    Request,
-    Scheduler,
-    StepBatch,
-    StepResult,
-    exact_drafter,
-    pad_batch,
-)
+from .scheduler import Request, Scheduler, exact_drafter
+from .step_batch import CachedBlock, StepBatch, StepResult, pad_batch
 from .simulate import RowRecord, StepRecord, SymbolicRunner
 from .slots import MODES, KernelSlots, gather_columns, resolve_slots, window_blocks
 from .symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools

@@ -9,7 +9,7 @@ prefix cache. Tests check those records; a cache simulation study can use the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -17,7 +17,8 @@ from .bookkeeping import SlotState, accept, add_requests, init_slots, postproces
 from .checks import instance, optional_callable
 from .config import ConvSpec
 from .copy_ref import CopyPlan, apply_copy, postprocess_copy_plan, precopy_plan
-from .scheduler import CachedBlock, Scheduler, StepBatch
+from .scheduler import Scheduler
+from .step_batch import CachedBlock, StepBatch
 from .slots import MODES, KernelSlots, resolve_slots
 from .symbolic import Labels, RowReads, conv_rows, symbolic_config, symbolic_forward
 from .symbolic import symbolic_pools
@@ -54,7 +55,7 @@ class StepRecord:
 class SymbolicRunner:
     """Runs ``scheduler`` on label pools in ``mode`` (``"pre-copy"`` or ``"copy-free"``).
 
-    ``pad(batch) -> batch`` may insert skipped rows (e.g. :func:`~.scheduler.pad_batch`).
+    ``pad(batch) -> batch`` may insert skipped rows (e.g. :func:`~.step_batch.pad_batch`).
     """
 
     def __init__(

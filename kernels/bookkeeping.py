@@ -59,6 +59,31 @@ def _gather_col(bt_ptr, slot, col, bt_stride, max_cols, m):
 
 
 @triton.jit
+def _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
+    """This program's rows ``r``, which exist (``in_batch``), their slots, and which map to
+    a slot that exists (``live``: -1 and out-of-range slots are skipped)."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = r < num_rows
+    slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
+    live = in_batch & (slot >= 0) & (slot < num_slots)
+    return r, in_batch, slot, live
+
+
+@triton.jit
+def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_stride, max_cols,
+                     tsrc_ptr, csrc_ptr, dst_ptr, shift_ptr, r, in_batch):
+    """``copy_block(src_col, dst_col, bias)`` resolved to physical blocks where ``on``:
+    temporal ``bt[src_col + bias]``, conv ``bt[src_col]``, destination ``bt[dst_col]``."""
+    tl.store(tsrc_ptr + r, _gather_col(block_table_ptr, slot, src_col + bias, bt_stride, max_cols, on),
+             mask=in_batch)
+    tl.store(csrc_ptr + r, _gather_col(block_table_ptr, slot, src_col, bt_stride, max_cols, on),
+             mask=in_batch)
+    tl.store(dst_ptr + r, _gather_col(block_table_ptr, slot, dst_col, bt_stride, max_cols, on),
+             mask=in_batch)
+    tl.store(shift_ptr + r, tl.where(on, bias, 0), mask=in_batch)
+
+
+@triton.jit
 def preprocess_kernel(
     idx_mapping_ptr,
     query_len_ptr,
@@ -82,10 +107,7 @@ def preprocess_kernel(
     acc_ptr,
     BLOCK: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = r < num_rows
-    slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0) & (slot < num_slots)  # out-of-range slots are skipped
+    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
@@ -102,14 +124,9 @@ def preprocess_kernel(
     tl.store(src_off_ptr + r, src_off, mask=in_batch)
     tl.store(new_col_ptr + r, new, mask=in_batch)
 
-    # The pre-copy plan: temporal bt[src_col + src_off] -> bt[new], conv bt[src_col] shifted.
-    tsrc = _gather_col(block_table_ptr, slot, col + src_off, bt_stride, max_cols, crossing)
-    csrc = _gather_col(block_table_ptr, slot, col, bt_stride, max_cols, crossing)
-    dst = _gather_col(block_table_ptr, slot, new, bt_stride, max_cols, crossing)
-    tl.store(copy_tsrc_ptr + r, tsrc, mask=in_batch)
-    tl.store(copy_csrc_ptr + r, csrc, mask=in_batch)
-    tl.store(copy_dst_ptr + r, dst, mask=in_batch)
-    tl.store(copy_shift_ptr + r, tl.where(crossing, src_off, 0), mask=in_batch)
+    # the pre-copy: copy_block(src_col, new, src_off) on crossing rows
+    _store_copy_plan(block_table_ptr, slot, col, new, src_off, crossing, bt_stride, max_cols,
+                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
 
 
 @triton.jit
@@ -136,10 +153,7 @@ def postprocess_kernel(
     num_computed_ptr,
     BLOCK: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = r < num_rows
-    slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0) & (slot < num_slots)  # out-of-range slots are skipped
+    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
@@ -162,13 +176,8 @@ def postprocess_kernel(
     tl.store(acc_ptr + slot, tl.where(same, 1, acc).to(acc_ptr.dtype.element_ty), mask=live)
     tl.store(num_computed_ptr + slot, nc.to(num_computed_ptr.dtype.element_ty), mask=live)
     tl.store(cache_col_ptr + r, tl.where(hit, dest, -1), mask=in_batch)
-    tsrc = _gather_col(block_table_ptr, slot, col + bias, bt_stride, max_cols, copy)
-    csrc = _gather_col(block_table_ptr, slot, col, bt_stride, max_cols, copy)
-    dst = _gather_col(block_table_ptr, slot, dest, bt_stride, max_cols, copy)
-    tl.store(copy_tsrc_ptr + r, tsrc, mask=in_batch)
-    tl.store(copy_csrc_ptr + r, csrc, mask=in_batch)
-    tl.store(copy_dst_ptr + r, dst, mask=in_batch)
-    tl.store(copy_shift_ptr + r, tl.where(copy, bias, 0), mask=in_batch)
+    _store_copy_plan(block_table_ptr, slot, col, dest, bias, copy, bt_stride, max_cols,
+                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
 
 
 def _row_grid(num_rows: int):

@@ -9,7 +9,7 @@ reads and writes them through the output pointer).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Mapping, Tuple
 
 #: Grid axes 1 and 2 are limited to 65 535 programs; only axis 0 may grow with the batch.
 MAX_GRID_YZ = 65_535

@@ -12,7 +12,7 @@ import functools
 import triton
 import triton.language as tl
 
-from .bookkeeping import ROWS_PER_PROGRAM, _gather_col
+from .bookkeeping import ROWS_PER_PROGRAM, _batch_rows, _gather_col
 from .plan import LaunchPlan, cdiv, next_pow2
 
 
@@ -40,10 +40,7 @@ def resolve_kernel(
     BLOCK: tl.constexpr,
     COPY_FREE: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    in_batch = r < num_rows
-    slot = tl.load(idx_mapping_ptr + r, mask=in_batch, other=-1).to(tl.int64)
-    live = in_batch & (slot >= 0) & (slot < num_slots)
+    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
     src_col = tl.load(src_col_ptr + r, mask=live, other=-1).to(tl.int64)

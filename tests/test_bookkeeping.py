@@ -142,7 +142,7 @@ def test_postprocess_rejects_inconsistent_state():
 
 # -- SPEC.md §2 worked example: B = 560, S = 3, two accepted per step -------------------
 def test_worked_example_number_by_number():
-    B, S = 560, 3
+    B = 560  # S = 3: every step schedules 1 + 3 tokens
     bt = np.array([[7, 3, 5, 9, 11]])  # physical blocks of columns 0..4
     s = slots([-1], [1], [0])
     # A step at 556 computed with 4 scheduled: state_idx = 0.

@@ -2,7 +2,6 @@
 64-bit offsets, grids beyond 65 535 programs, no host synchronisation, CUDA-graph capture
 and replay of a whole step, and torch.compile."""
 
-import numpy as np
 import pytest
 import torch
 

@@ -13,7 +13,7 @@ Typical step::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping
+from typing import Mapping
 
 import torch
 
