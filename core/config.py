@@ -107,6 +107,11 @@ class CacheConfig:
                     f"got {type(spec).__name__}"
                 )
 
+    def __hash__(self) -> int:
+        # hashable, so a config can be a static argument of jax.jit
+        return hash((self.block_size, self.num_spec, self.num_layers,
+                     tuple(sorted(self.states.items()))))
+
     @property
     def window(self) -> int:
         """Blocks in a request's window: ``1 + S``."""

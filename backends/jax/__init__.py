@@ -1,1 +1,10 @@
-"""JAX backend (issue 4): jax arrays -> launch plan -> jax-triton or the interpreter."""
+"""JAX backend: the same Triton kernels and launch plans as the torch backend, launched
+through jax-triton on the GPU and Triton's interpreter (via ``jax.pure_callback``) on the
+CPU, with pure, jittable step functions over a pytree of per-slot bookkeeping."""
+
+from . import ops
+from .bridge import launch
+from .runner import JaxSlots, SlotArrays, add_requests, init_state, postprocess, preprocess
+
+__all__ = ["ops", "launch", "SlotArrays", "JaxSlots", "init_state", "add_requests",
+           "preprocess", "postprocess"]

@@ -1,0 +1,123 @@
+"""The one entry point through which JAX launches a kernel: :func:`launch`.
+
+It takes a :class:`~mamba_align.kernels.LaunchPlan` (the same plan the torch backend
+uses), the input arrays and scalars by name, and the shapes of the outputs that are not
+aliased to an input, and returns every output by name. In-place outputs (``plan.aliases``)
+are returned as the updated input array.
+
+* GPU: ``jax_triton.triton_call`` with ``input_output_aliases`` (jax-triton 0.3.x; its
+  import needs a GPU and clears ``TRITON_CACHE_DIR``, so it is imported lazily and the
+  variable restored). Under ``jax.jit`` with the aliased arrays donated, XLA updates
+  them in place.
+* CPU: ``jax.pure_callback`` into Triton's interpreter on writable NumPy copies (one lock
+  around the interpreter). The interpreter keeps its arguments in torch CPU tensors, so
+  this path wraps the copies with ``torch.from_numpy`` (no copy); torch is imported there
+  only.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from typing import Any, Dict, Mapping
+
+import jax
+import numpy as np
+
+_LOCK = threading.Lock()
+_JT = None
+_WARNED = set()
+
+
+def on_gpu() -> bool:
+    return jax.default_backend() == "gpu"
+
+
+def _jax_triton():
+    """Import jax_triton once, keeping ``TRITON_CACHE_DIR`` as it was."""
+    global _JT
+    if _JT is None:
+        saved = os.environ.get("TRITON_CACHE_DIR")
+        import jax_triton
+
+        if saved is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = saved
+        major, minor = (int(x) for x in jax_triton.__version__.split(".")[:2])
+        if (major, minor) != (0, 3):
+            raise ImportError(
+                f"jax-triton {jax_triton.__version__} is not supported: this bridge speaks the "
+                "0.3.x API (input_output_aliases, out_shape); install jax-triton==0.3.1"
+            )
+        _JT = jax_triton
+    return _JT
+
+
+def launch(plan, arrays: Mapping[str, Any], scalars: Mapping[str, int],
+           out_specs: Mapping[str, jax.ShapeDtypeStruct]) -> Dict[str, jax.Array]:
+    """Run ``plan`` on JAX arrays; returns ``{output name: array}``.
+
+    ``arrays`` holds every input by name; ``out_specs`` the shape/dtype of every output that
+    does not alias an input. Scalars must be Python ints.
+    """
+    for name, v in scalars.items():
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"scalar {name} must be a Python int, got {type(v).__name__}")
+    specs = []
+    for name in plan.outputs:
+        if name in plan.aliases:
+            src = arrays[plan.aliases[name]]
+            specs.append(jax.ShapeDtypeStruct(src.shape, src.dtype))
+        else:
+            specs.append(out_specs[name])
+    inputs = [arrays[n] for n in plan.inputs]
+    scalar_values = [scalars[n] for n in plan.scalars]
+    if on_gpu():
+        outs = _launch_gpu(plan, inputs, scalar_values, specs)
+    else:
+        outs = _launch_interpreter(plan, inputs, scalar_values, specs)
+    return dict(zip(plan.outputs, outs))
+
+
+def _launch_gpu(plan, inputs, scalar_values, specs):
+    jt = _jax_triton()
+    aliases = {plan.inputs.index(src): plan.outputs.index(out) for out, src in plan.aliases.items()}
+    if aliases and not any(isinstance(x, jax.core.Tracer) for x in inputs):
+        key = plan.name
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"{key} called outside jax.jit: its in-place arrays are copied; jit "
+                          "the step with the pools donated (donate_argnums) to update them in "
+                          "place", stacklevel=3)
+    outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, out_shape=specs,
+                          grid=plan.grid, num_warps=plan.num_warps,
+                          input_output_aliases=aliases, **plan.constexprs)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _torch_view(a: np.ndarray):
+    import torch
+
+    if a.dtype.name == "bfloat16":  # ml_dtypes: reinterpret through int16
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _launch_interpreter(plan, inputs, scalar_values, specs):
+    alias_of = {plan.outputs.index(out): plan.inputs.index(src) for out, src in plan.aliases.items()}
+
+    def host(*host_inputs):
+        bufs = [np.array(x, copy=True) for x in host_inputs]  # writable copies
+        outs = [bufs[alias_of[i]] if i in alias_of else np.empty(s.shape, s.dtype)
+                for i, s in enumerate(specs)]
+        args = [_torch_view(b) for b in bufs] + list(scalar_values)
+        out_views = {i: args[alias_of[i]] if i in alias_of else _torch_view(o)
+                     for i, o in enumerate(outs)}
+        args += [out_views[i] for i in range(len(outs))]
+        with _LOCK:
+            plan.kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps)
+        return tuple(outs)
+
+    return jax.pure_callback(host, tuple(specs), *inputs, vmap_method="sequential")

@@ -1,0 +1,200 @@
+"""Functional JAX launchers for the kernels, on the same plans as the torch backend.
+
+Each function validates shapes and dtypes (static under ``jax.jit``), maps its arrays onto
+the plan and launches it through :func:`.bridge.launch`. In-place arrays (pools and
+per-slot bookkeeping) are returned updated; jit the caller with them donated to update them
+in place on the GPU. Per-row outputs are int64 with ``jax_enable_x64``, int32 otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from ... import kernels as K
+from .bridge import launch
+
+INDEX_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
+_BITS = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
+
+
+def row_dtype():
+    return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+
+
+def index_array(name: str, x, shape: Sequence[Optional[int]], flags: bool = False):
+    """Check a JAX integer array (``flags``: bool/int8/int32 also) of the given shape."""
+    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
+        raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
+    ok = INDEX_DTYPES + ((jnp.dtype(jnp.bool_), jnp.dtype(jnp.int8)) if flags else ())
+    if jnp.dtype(x.dtype) not in ok:
+        raise TypeError(f"{name} must have dtype {'/'.join(d.name for d in ok)}, got {x.dtype}")
+    if len(x.shape) != len(shape) or any(w is not None and g != w for g, w in zip(x.shape, shape)):
+        want = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+        raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+    return x
+
+
+def _pool_bits(name: str, pool, block_shape: Sequence[int]):
+    if not hasattr(pool, "dtype") or len(pool.shape) != 2 + len(block_shape) \
+            or tuple(pool.shape[2:]) != tuple(block_shape):
+        raise ValueError(f"{name} must have shape [L, NB, {', '.join(map(str, block_shape))}], "
+                         f"got {list(getattr(pool, 'shape', []))}")
+    size = jnp.dtype(pool.dtype).itemsize
+    if size not in _BITS:
+        raise TypeError(f"{name} has unsupported element size {size}")
+    return jax.lax.bitcast_convert_type(pool, _BITS[size]) if jnp.dtype(pool.dtype) != _BITS[size] \
+        else pool
+
+
+def _from_bits(bits, like):
+    return bits if bits.dtype == like.dtype else jax.lax.bitcast_convert_type(bits, like.dtype)
+
+
+def _rows(n: int, *shape: int) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct((n,) + shape, row_dtype())
+
+
+def _slots(state_idx, acc, num_computed):
+    index_array("state_idx", state_idx, (None,))
+    n = state_idx.shape[0]
+    index_array("acc", acc, (n,))
+    index_array("num_computed", num_computed, (n,))
+    return n
+
+
+def _table(block_table, num_slots: int) -> Dict[str, int]:
+    index_array("block_table", block_table, (None, None))
+    return {"bt_stride": int(block_table.shape[1]), "max_cols": int(block_table.shape[1]),
+            "num_slots": min(num_slots, int(block_table.shape[0]))}
+
+
+def add_requests(state_idx, acc, num_computed, slots, num_computed_new, block_size: int):
+    """Seed ``slots`` ([n]) with ``num_computed_new`` ([n]); returns the three per-slot
+    arrays updated."""
+    n_slots = _slots(state_idx, acc, num_computed)
+    index_array("slots", slots, (None,))
+    n = slots.shape[0]
+    index_array("num_computed_new", num_computed_new, (n,))
+    if n == 0:
+        return state_idx, acc, num_computed
+    out = launch(K.plan_add_requests(n),
+                 {"slots": slots, "num_computed_new": num_computed_new, "state_idx": state_idx,
+                  "acc": acc, "num_computed": num_computed},
+                 {"num_new": n, "num_slots": n_slots, "block_size": block_size}, {})
+    return out["state_idx"], out["acc"], out["num_computed"]
+
+
+def preprocess(state_idx, acc, num_computed, idx_mapping, query_len, block_table,
+               block_size: int) -> Dict[str, jax.Array]:
+    """SPEC.md §2 steps 1-2: returns ``state_idx``/``acc`` updated and per-row ``src_col``,
+    ``src_off``, ``new_col`` and the pre-copy plan ``copy_tsrc/csrc/dst/shift``."""
+    n_slots = _slots(state_idx, acc, num_computed)
+    index_array("idx_mapping", idx_mapping, (None,))
+    rows = idx_mapping.shape[0]
+    index_array("query_len", query_len, (rows,))
+    scal = _table(block_table, n_slots)
+    names = ("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
+    if rows == 0:
+        empty = jnp.zeros((0,), row_dtype())
+        return dict({n: empty for n in names}, state_idx=state_idx, acc=acc)
+    return launch(K.plan_preprocess(rows),
+                  {"idx_mapping": idx_mapping, "query_len": query_len, "block_table": block_table,
+                   "state_idx": state_idx, "acc": acc, "num_computed": num_computed},
+                  dict(scal, num_rows=rows, block_size=block_size),
+                  {n: _rows(rows) for n in names})
+
+
+def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, acc,
+            num_spec: int, mode: str) -> Tuple[jax.Array, ...]:
+    """SPEC.md §4 slots: ``(temporal_read, conv_read, conv_read_off, temporal_write
+    [rows, 1 + S], conv_write)``."""
+    index_array("idx_mapping", idx_mapping, (None,))
+    rows = idx_mapping.shape[0]
+    index_array("query_len", query_len, (rows,))
+    index_array("is_spec", is_spec, (rows,), flags=True)
+    for name, t in (("src_col", src_col), ("src_off", src_off), ("new_col", new_col)):
+        index_array(name, t, (rows,))
+    index_array("acc", acc, (None,))
+    scal = _table(block_table, acc.shape[0])
+    plan = K.plan_resolve(max(rows, 1), num_spec, mode)
+    if rows == 0:
+        e = jnp.zeros((0,), row_dtype())
+        return e, e, e, jnp.zeros((0, 1 + num_spec), row_dtype()), e
+    specs = {"temporal_read": _rows(rows), "conv_read": _rows(rows), "conv_read_off": _rows(rows),
+             "temporal_write": _rows(rows, 1 + num_spec), "conv_write": _rows(rows)}
+    out = launch(plan, {"idx_mapping": idx_mapping, "query_len": query_len,
+                        "is_spec": is_spec.astype(jnp.int8), "block_table": block_table,
+                        "src_col": src_col, "src_off": src_off, "new_col": new_col, "acc": acc},
+                 dict(scal, num_rows=rows), specs)
+    return tuple(out[n] for n in plan.outputs)
+
+
+def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled,
+                block_table, block_size: int) -> Dict[str, jax.Array]:
+    """SPEC.md §2 steps 5-7: returns ``acc``/``num_computed`` updated, ``cache_col`` and the
+    post-process copy plan ``copy_tsrc/csrc/dst/shift``."""
+    n_slots = _slots(state_idx, acc, num_computed)
+    index_array("idx_mapping", idx_mapping, (None,))
+    rows = idx_mapping.shape[0]
+    index_array("query_len", query_len, (rows,))
+    index_array("is_spec", is_spec, (rows,), flags=True)
+    index_array("num_sampled", num_sampled, (rows,))
+    scal = _table(block_table, n_slots)
+    names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
+    if rows == 0:
+        empty = jnp.zeros((0,), row_dtype())
+        return dict({n: empty for n in names}, acc=acc, num_computed=num_computed)
+    return launch(K.plan_postprocess(rows),
+                  {"idx_mapping": idx_mapping, "query_len": query_len,
+                   "is_spec": is_spec.astype(jnp.int8), "num_sampled": num_sampled,
+                   "block_table": block_table, "state_idx": state_idx, "acc": acc,
+                   "num_computed": num_computed},
+                  dict(scal, num_rows=rows, block_size=block_size),
+                  {n: _rows(rows) for n in names})
+
+
+def copy_temporal(pool, src, dst):
+    """Returns ``pool`` with ``pool[:, dst] = pool[:, src]`` on rows with ``src >= 0`` (bit
+    copy). ``pool`` ``[L, NB, ...]``; ``src``/``dst`` int ``[rows]``."""
+    bits = _pool_bits("pool", pool, tuple(pool.shape[2:]))
+    index_array("src", src, (None,))
+    index_array("dst", dst, (src.shape[0],))
+    rows = src.shape[0]
+    numel = 1
+    for s in pool.shape[2:]:
+        numel *= int(s)
+    if rows == 0 or pool.size == 0:
+        return pool
+    L, nb = int(pool.shape[0]), int(pool.shape[1])
+    out = launch(K.plan_copy_temporal(rows, L, numel, jnp.dtype(pool.dtype).itemsize),
+                 {"pool": bits, "src": src, "dst": dst},
+                 {"num_layers": L, "layer_stride": nb * numel, "block_stride": numel,
+                  "block_numel": numel, "num_blocks": nb}, {})
+    return _from_bits(out["pool"], pool)
+
+
+def copy_conv(pool, src, dst, shift, layout: str):
+    """Returns ``pool`` with the conv window of ``src`` shifted left by ``shift`` rows into
+    ``dst`` (memmove-safe in place). ``pool`` ``[L, NB, W, D]`` ("SD") or ``[L, NB, D, W]``."""
+    if layout not in ("SD", "DS"):
+        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
+    if len(pool.shape) != 4:
+        raise ValueError(f"pool must be [L, NB, W, D] or [L, NB, D, W], got {list(pool.shape)}")
+    bits = _pool_bits("pool", pool, tuple(pool.shape[2:]))
+    index_array("src", src, (None,))
+    index_array("dst", dst, (src.shape[0],))
+    index_array("shift", shift, (src.shape[0],))
+    rows = src.shape[0]
+    if rows == 0 or pool.size == 0:
+        return pool
+    L, nb = int(pool.shape[0]), int(pool.shape[1])
+    width, dim = (pool.shape[2], pool.shape[3]) if layout == "SD" else (pool.shape[3], pool.shape[2])
+    numel = int(width) * int(dim)
+    out = launch(K.plan_copy_conv(rows, L, int(width), int(dim), jnp.dtype(pool.dtype).itemsize, layout),
+                 {"pool": bits, "src": src, "dst": dst, "shift": shift},
+                 {"num_layers": L, "layer_stride": nb * numel, "block_stride": numel,
+                  "width": int(width), "dim": int(dim), "num_blocks": nb}, {})
+    return _from_bits(out["pool"], pool)
