@@ -32,9 +32,16 @@ clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
 
 OUT ?= benchmarks/results
+SITE := /tmp/site
+# carried wheels (.whl/, e.g. jax-triton==0.3.1) go to $(SITE), first on PYTHONPATH
+gpu: export PYTHONPATH := $(SITE):$(PYTHONPATH)
 gpu:
 	python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
+	if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps \
+	  --no-compile --no-cache-dir --upgrade --target $(SITE) .whl/*.whl; fi
+	python3 -c "import jax, jax_triton; print('jax', jax.__version__, jax.default_backend(), 'jax-triton', jax_triton.__version__)"
 	mkdir -p $(OUT)
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
 	set -o pipefail; python3 -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
 	set -o pipefail; python3 benchmarks/bench_copy.py --out $(OUT) 2>&1 | tee $(OUT)/bench_copy.log
+	set -o pipefail; python3 benchmarks/bench_dispatch.py --out $(OUT) 2>&1 | tee $(OUT)/bench_dispatch.log

@@ -10,6 +10,8 @@ import shutil
 
 if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# torch and JAX share the GPU in one test process: no JAX preallocation of 75% of it
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 
