@@ -8,19 +8,24 @@ For each batch size B, B rows copy a random source block into a random destinati
   ``pool.index_copy_(1, dst, pool.index_select(1, src))``;
 - the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row: our
   ``torch.ops.mamba_align.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
-- both of our launches back to back (the whole pre-copy).
+- both of our launches back to back (the whole pre-copy);
+- then, with the torch pools freed, the same copies in JAX on the same ids: our kernels
+  through ``mamba_align.backends.jax.ops`` vs the ``p.at[:, dst].set(p[:, src])`` scatter a
+  JAX user would write, each in a ``jax.jit`` with the pool donated (updated in place).
 
 Bytes moved = read + write of the data copied (``2 * B * L * block_bytes``; for the conv
 pool the ``W - 1`` rows that move). Times are ``triton.testing.do_bench`` medians; the
 ceiling is a device-to-device ``b.copy_(a)`` of a contiguous buffer as large as the
-biggest copy (at least 1 GiB), measured first in the same run. Without a GPU the script
+biggest copy (at least 1 GiB), measured first in the same run. JAX times are host times
+(:func:`host_ms`: median per-call time of back-to-back calls, one ``block_until_ready`` at
+the end of each repetition), honest under asynchronous dispatch. Without a GPU the script
 runs on CPU tensors (Triton interpreter) with a ``time.perf_counter`` timer: use
 ``--small`` for that smoke run.
 
 Usage::
 
     python benchmarks/bench_copy.py [--out benchmarks/results] [--layers 36]
-        [--batches 1 8 64 256] [--num-blocks NB] [--small]
+        [--batches 1 8 64 256] [--num-blocks NB] [--small] [--no-jax]
 
 Writes ``copy_h200.json``, ``copy_h200.md`` and ``copy_h200.png`` under ``--out``; then
 ``python benchmarks/make_benchmarks_md.py`` rewrites ``BENCHMARKS.md``.
@@ -28,11 +33,17 @@ Writes ``copy_h200.json``, ``copy_h200.md`` and ``copy_h200.png`` under ``--out`
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
+
 import argparse
 import datetime
 import importlib.util
 import json
+import math
 import statistics
+import warnings
 import sys
 import time
 from pathlib import Path
@@ -62,6 +73,7 @@ def _import_ops() -> None:
         sys.modules["mamba_align"] = module
         spec.loader.exec_module(module)
         importlib.import_module("mamba_align.backends.torch")
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
 
 _import_ops()
@@ -86,6 +98,32 @@ def bench_ms(fn: Callable[[], Any], cuda: bool, graph: bool = False) -> float:
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+def host_ms(step: Callable[[Any], Any], carry: Any, sync: Callable[[Any], Any], reps: int = 5,
+            n0: int = 20, min_s: float = 0.05) -> tuple:
+    """Host-timed median per-call time of ``carry = step(carry)`` in ms, and the last carry.
+
+    One warm-up call (compiles), then ``reps`` repetitions of ``n`` back-to-back calls with
+    ``sync`` (``jax.block_until_ready`` / a device synchronize) on the final output only:
+    with asynchronous dispatch this times whichever is slower, the host dispatch or the
+    device. ``n >= n0`` is chosen so that a repetition takes ``>= min_s`` seconds."""
+    carry = sync(step(carry))
+
+    def timed(n: int, carry: Any) -> tuple:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            carry = step(carry)
+        carry = sync(carry)
+        return time.perf_counter() - t0, carry
+
+    dt, carry = timed(n0, carry)
+    n = max(n0, math.ceil(n0 * min_s / max(dt, 1e-9)))
+    times = []
+    for _ in range(reps):
+        dt, carry = timed(n, carry)
+        times.append(dt / n * 1e3)
+    return statistics.median(times), carry
 
 
 def record(method: str, pool: str, batch: int, layers: int, nbytes: int, ms: float,
@@ -163,8 +201,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
           f" GiB, conv {list(conv.shape)} {conv.numel() * c_dtype.itemsize / GIB:.2f} GiB")
 
     records: List[Dict[str, Any]] = []
+    ids: Dict[int, tuple] = {}  # batch -> (src, dst) on the host, reused by the JAX section
     for b in batches:
         src, dst = pick_rows(b, nb, gen, device)
+        ids[b] = (src.cpu().numpy(), dst.cpu().numpy())
         shift = torch.ones_like(src)
         check_ours(temporal, conv, src, dst, shift)
         free(cuda)
@@ -201,9 +241,11 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 ms = bench_ms(fn, cuda, graph=timing == "graph")
                 records.append(record(method, pool, b, L, nbytes, ms, timing))
                 free(cuda)
-                r = records[-1]
-                print(f"B={b:4d} {pool:9s} {method:12s} {timing:5s} {r['ms']:9.4f} ms "
-                      f"{r['tbps']:7.3f} TB/s")
+                show(records[-1])
+
+    del temporal, conv, cases
+    free(cuda)
+    jax_header = {} if args.no_jax else run_jax(args, cuda, nb, ids, records)
 
     header = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
@@ -222,8 +264,94 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             "conv_shape": [L, nb, *c_block], "conv_dtype": str(c_dtype).replace("torch.", ""),
             "conv_layout": "SD", "conv_shift": 1,
         },
+        **jax_header,
     }
     return {"header": header, "records": records}
+
+
+def show(r: Dict[str, Any]) -> None:
+    print(f"B={r['batch']:4d} {r['pool']:9s} {r['method']:12s} {r['timing']:8s} {r['ms']:9.4f} ms "
+          f"{r['tbps']:7.3f} TB/s")
+
+
+# -- JAX -----------------------------------------------------------------------------------
+def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple],
+            records: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The same copies in JAX (pools ``jnp.zeros``, src blocks filled with random values per
+    batch): ours (jax-triton) vs an XLA scatter, both jitted with the pool donated. Appends
+    ``timing="jax-host"`` records; returns header fields (empty when JAX is unavailable)."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        from mamba_align.backends.jax import ops as jops
+    except ImportError as e:
+        print(f"JAX section skipped: {e}")
+        return {}
+    if cuda != (jax.default_backend() == "gpu"):
+        print(f"JAX section skipped: torch cuda={cuda} but jax backend {jax.default_backend()}")
+        return {}
+    L, w = args.layers, args.conv_block[0]
+    jit_d = lambda f: jax.jit(f, donate_argnums=0)  # noqa: E731
+    bitcast = lambda x: jax.lax.bitcast_convert_type(  # noqa: E731
+        x, {2: jnp.int16, 4: jnp.int32}[x.dtype.itemsize])
+
+    @jit_d
+    def seed(pool, rows, key):
+        """Random values into blocks ``rows`` of every layer (one layer at a time)."""
+        def layer(l, p):
+            v = jax.random.normal(jax.random.fold_in(key, l), rows.shape + p.shape[2:], p.dtype)
+            return p.at[l, rows].set(v)
+        return jax.lax.fori_loop(0, pool.shape[0], layer, pool)
+
+    saved_t = jax.jit(lambda p, s: bitcast(p[:, s]))
+    same_t = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d]), saved))
+    saved_c = jax.jit(lambda p, s: bitcast(p[:, s, 1:]))
+    same_c = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d, : w - 1]), saved))
+    ours_t = jit_d(jops.copy_temporal)
+    xla_t = jit_d(lambda p, s, d: p.at[:, d].set(p[:, s]))
+    ours_c = jit_d(lambda p, s, d, sh: jops.copy_conv(p, s, d, sh, "SD"))
+    xla_c = jit_d(lambda p, s, d: p.at[:, d, : w - 1].set(p[:, s, 1:]))
+
+    pools = {"temporal": jnp.zeros((L, nb, *args.temporal_block), jnp.float32),
+             "conv": jnp.zeros((L, nb, *args.conv_block), jnp.bfloat16)}
+    t_bytes = 4 * math.prod(args.temporal_block)
+    c_moved = 2 * (w - 1) * args.conv_block[1]
+    timer = dict(reps=2, n0=2, min_s=0.0) if args.small else {}
+    key = jax.random.PRNGKey(0)
+    for b in sorted(ids):
+        src, dst = (jnp.asarray(x, jnp.int32) for x in ids[b])
+        shift = jnp.ones_like(src)
+        cases = {
+            "temporal": [("jax", lambda p: ours_t(p, src, dst)),
+                         ("xla_scatter", lambda p: xla_t(p, src, dst))],
+            "conv": [("jax", lambda p: ours_c(p, src, dst, shift)),
+                     ("xla_scatter", lambda p: xla_c(p, src, dst))],
+        }
+        checks = {"temporal": (saved_t, same_t), "conv": (saved_c, same_c)}
+        for pool, methods in cases.items():
+            pools[pool] = seed(pools[pool], src, jax.random.fold_in(key, b))
+            save, same = checks[pool]
+            saved = save(pools[pool], src)
+            pools[pool] = methods[0][1](pools[pool])
+            if not bool(same(pools[pool], dst, saved)):
+                raise SystemExit(f"JAX copy of the {pool} pool is WRONG for B={b}")
+            del saved
+            nbytes = 2 * b * L * (t_bytes if pool == "temporal" else c_moved)
+            for method, fn in methods:
+                ms, pools[pool] = host_ms(fn, pools[pool], jax.block_until_ready, **timer)
+                records.append(record(method, pool, b, L, nbytes, ms, "jax-host"))
+                show(records[-1])
+    del pools
+    try:
+        from importlib.metadata import version
+        jt = version("jax-triton")
+    except Exception:  # not installed (CPU runs use the interpreter bridge)
+        jt = None
+    return {"jax": jax.__version__, "jax_triton": jt, "jax_backend": jax.default_backend(),
+            "jax_timer": "jax-host: perf_counter around back-to-back jitted calls (pool "
+                         "donated), block_until_ready on the last output; median per-call "
+                         "time of " + ("2 repetitions (CPU smoke run)" if args.small else
+                                       "5 repetitions of >= 20 calls and >= 50 ms")}
 
 
 # -- output ------------------------------------------------------------------------------------
@@ -241,11 +369,14 @@ def plot(data: Dict[str, Any], path: Path) -> None:
     series: Dict[tuple, List[tuple]] = {}
     shown = "graph" if any(r.get("timing") == "graph" for r in data["records"]) else "eager"
     for r in data["records"]:
-        if r.get("timing", "eager") == shown:
-            series.setdefault((r["pool"], r["method"]), []).append((r["batch"], r["tbps"]))
-    for (pool, method), pts in series.items():
+        timing = r.get("timing", "eager")
+        if timing in (shown, "jax-host"):
+            series.setdefault((r["pool"], r["method"], timing), []).append((r["batch"], r["tbps"]))
+    for (pool, method, timing), pts in series.items():
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{pool}: {method}")
+        host = timing == "jax-host"
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if host else "-",
+                label=f"{pool}: {method}" + (" (JAX, host timer)" if host else ""))
     d2d = data["header"]["d2d"]["tbps"]
     ax.axhline(d2d, color="black", linestyle="--", label=f"d2d copy_ ({d2d:.2f} TB/s)")
     ax.set_xscale("log", base=2)
@@ -270,6 +401,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     ap.add_argument("--num-blocks", type=int, help="blocks NB per pool (default 2*max(B)+1)")
     ap.add_argument("--small", action="store_true",
                     help="quick smoke run: 2 layers, blocks [2,8,8] / [3,32], batches 1 2")
+    ap.add_argument("--no-jax", action="store_true", help="skip the JAX section")
     args = ap.parse_args(argv)
     small = args.small
     args.layers = args.layers or (2 if small else 36)

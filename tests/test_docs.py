@@ -20,6 +20,7 @@ def test_readme_python_blocks_run(capsys):
     out = capsys.readouterr().out
     assert "[1] [2]" in out  # the boundary at 8 tokens lands in column 1 with bias 2
     assert "[5] [[5, 6, 7]]" in out and "[1] True" in out  # the torch quick-start
+    assert "[[5, 6, 7]] [1]" in out and "True" in out.splitlines()[-1]  # the JAX quick-start
 
 
 def test_demo_example_runs():

@@ -11,9 +11,7 @@ JAX (``make gpu``).
 """
 
 import random
-import warnings
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -42,7 +40,8 @@ from mamba_align.core import (
 from mamba_align.core.symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-warnings.filterwarnings("ignore", message=".*called outside jax.jit.*")
+# eager JAX calls on the GPU copy their in-place arrays (and say so once); expected here
+pytestmark = pytest.mark.filterwarnings("ignore:.*called outside jax.jit")
 
 
 def make_config(B, S, K=3, layout="SD"):

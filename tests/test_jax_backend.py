@@ -1,8 +1,6 @@
 """The JAX backend: copies equal the core and torch bit for bit, steps are jittable with
 donated pools and run inside ``lax.fori_loop``, and bad input gets clear errors."""
 
-import warnings
-
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -30,7 +28,7 @@ from mamba_align.core import (
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-warnings.filterwarnings("ignore", message=".*called outside jax.jit.*")
+pytestmark = pytest.mark.filterwarnings("ignore:.*called outside jax.jit")
 
 
 def plan(rng, rows, nb, max_shift):
@@ -86,9 +84,9 @@ def test_jitted_decode_loop_with_donation_matches_the_core():
     """Eight decode steps of three spec rows inside lax.fori_loop, pools and state donated;
     the same eight steps through the core reference must give the same state and pools."""
     cfg, steps = cfg_small(), 8
-    slots, rows, nb = 4, 3, 40
+    slots, nb = 4, 40
     rng = np.random.default_rng(0)
-    bt = (rng.permutation(np.arange(1, nb))[: slots * 9] ).reshape(slots, 9).astype(np.int32)
+    bt = rng.permutation(np.arange(1, nb))[: slots * 9].reshape(slots, 9).astype(np.int32)
     idx = np.array([2, -1, 0, 3], np.int32)
     q = np.array([3, 0, 3, 2], np.int32)
     ns = np.array([2, 0, 1, 2], np.int32)
