@@ -317,7 +317,7 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     t_bytes = 4 * math.prod(args.temporal_block)
     c_moved = 2 * (w - 1) * args.conv_block[1]
     timer = dict(reps=2, n0=2, min_s=0.0) if args.small else {}
-    key = jax.random.PRNGKey(0)
+    key = jax.random.key(0)
     for b in sorted(ids):
         src, dst = (jnp.asarray(x, jnp.int32) for x in ids[b])
         shift = jnp.ones_like(src)
@@ -376,7 +376,7 @@ def plot(data: Dict[str, Any], path: Path) -> None:
         pts.sort()
         host = timing == "jax-host"
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if host else "-",
-                label=f"{pool}: {method}" + (" (JAX, host timer)" if host else ""))
+                label=f"{pool}: {method}" + (" (host timer)" if host else ""))
     d2d = data["header"]["d2d"]["tbps"]
     ax.axhline(d2d, color="black", linestyle="--", label=f"d2d copy_ ({d2d:.2f} TB/s)")
     ax.set_xscale("log", base=2)

@@ -1,0 +1,190 @@
+"""Host dispatch cost of one bookkeeping step (preprocess + pre-copy + resolve).
+
+A small decode batch where no row crosses a block boundary: every slot is seeded with one
+computed token and each row schedules ``1 + S`` tokens, so all rows stay in column 0 and the
+pre-copy launches run but copy nothing. Preprocess of the same inputs is idempotent
+(``state_idx = max(state_idx, ...)``), so the step can be repeated as is. Three ways:
+
+- ``jax_jit``: one ``jax.jit`` of ``mamba_align.backends.jax.preprocess`` (config and mode
+  static, state and pools donated), host timer :func:`bench_copy.host_ms` (back-to-back
+  calls, ``block_until_ready`` on the last output);
+- ``torch_eager``: ``StateRunner.preprocess``, same host timer with a final synchronize;
+- ``torch_graph``: the same call captured once in a CUDA graph, ``graph.replay()`` timed
+  the same way (GPU only).
+
+Usage::
+
+    python benchmarks/bench_dispatch.py [--out benchmarks/results] [--small]
+
+Writes ``dispatch_h200.json`` under ``--out``; ``make_benchmarks_md.py`` adds it to
+``BENCHMARKS.md``. ``--small`` (CPU smoke run, Triton interpreter): tiny pools, few calls.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_copy import host_ms  # noqa: E402  (also makes mamba_align importable)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from mamba_align.backends import jax as mj  # noqa: E402
+from mamba_align.backends.torch import StateRunner  # noqa: E402
+from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec  # noqa: E402
+
+SLOT_FIELDS = ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write")
+
+
+def setup(small: bool) -> Dict[str, Any]:
+    """Config and host inputs: ``rows`` live slots spread over ``slots``, each with its own
+    ``1 + S`` blocks in the block table (0 = null block), one computed token per slot."""
+    B, S, rows, slots, layers = 64, 3, 64, 256, 2
+    conv = ConvSpec(4, 32 if small else 8192, "SD", "bfloat16")
+    ssm = TemporalSpec((2, 8, 8) if small else (32, 128, 128))
+    config = CacheConfig(B, S, layers, {"conv": conv, "ssm": ssm})
+    cols = config.columns_needed(1 + 1 + S)  # 1 computed + 1 + S scheduled tokens
+    live = np.arange(rows, dtype=np.int32) * (slots // rows)
+    table = np.zeros((slots, cols), np.int32)
+    table[live] = 1 + np.arange(rows * cols, dtype=np.int32).reshape(rows, cols)
+    return {"config": config, "slots": slots, "num_blocks": rows * cols + 1, "live": live,
+            "idx_mapping": live, "query_len": np.full(rows, 1 + S, np.int32),
+            "is_spec": np.ones(rows, bool), "block_table": table,
+            "num_computed": np.ones(rows, np.int32)}
+
+
+def pool_shapes(s: Dict[str, Any]) -> Dict[str, tuple]:
+    cfg = s["config"]
+    return {n: cfg.pool_shape(n, s["num_blocks"]) for n in cfg.states}
+
+
+def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
+    """Per-step ms of the jitted step, and the resolved slots (host) after the first step."""
+    cfg = s["config"]
+    J = jnp.asarray  # noqa: N806
+    inputs = (J(s["idx_mapping"]), J(s["query_len"]), J(s["is_spec"]), J(s["block_table"]))
+    state = jax.jit(mj.add_requests, static_argnames="config")(
+        mj.init_state(s["slots"]), J(s["live"]), J(s["num_computed"]), config=cfg)
+    seeded = np.asarray(state.state_idx)
+    pools = {n: jnp.zeros(shape, cfg.states[n].dtype) for n, shape in pool_shapes(s).items()}
+    step = jax.jit(mj.preprocess, static_argnames=("config", "mode"), donate_argnums=(0, 1))
+    state, pools, slots = step(state, pools, *inputs, config=cfg, mode="pre-copy")
+    first = {f: np.asarray(getattr(slots, f)) for f in SLOT_FIELDS}
+    if not np.array_equal(np.asarray(state.state_idx), seeded):
+        raise SystemExit("JAX preprocess moved a row: the batch is not crossing-free")
+    ms, (state, _, _) = host_ms(
+        lambda c: step(c[0], c[1], *inputs, config=cfg, mode="pre-copy"),
+        (state, pools, slots), jax.block_until_ready, **timer)
+    if not np.array_equal(np.asarray(state.state_idx), seeded):
+        raise SystemExit("JAX state_idx changed over repeated steps")
+    return ms, first
+
+
+def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
+    """Per-step ms eager (and CUDA-graph replay on the GPU), and the slots of the first step."""
+    cfg, dev = s["config"], torch.device("cuda" if cuda else "cpu")
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+    runner = StateRunner(cfg, s["slots"], dev, "pre-copy", torch.int32)
+    runner.add_requests(T(s["live"]), T(s["num_computed"]))
+    seeded = runner.state_idx.clone()
+    pools = {n: torch.zeros(shape, dtype=getattr(torch, cfg.states[n].dtype), device=dev)
+             for n, shape in pool_shapes(s).items()}
+    inputs = (T(s["idx_mapping"]), T(s["query_len"]), T(s["is_spec"]), T(s["block_table"]))
+    slots = runner.preprocess(pools, *inputs)
+    first = {f: getattr(slots, f).cpu().numpy() for f in SLOT_FIELDS}
+    sync = (lambda c: (torch.cuda.synchronize(), c)[1]) if cuda else (lambda c: c)
+    ms = {"torch_eager": host_ms(lambda c: runner.preprocess(pools, *inputs), None, sync,
+                                 **timer)[0]}
+    if cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
+            for _ in range(3):
+                runner.preprocess(pools, *inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            runner.preprocess(pools, *inputs)
+        ms["torch_graph"] = host_ms(lambda c: graph.replay(), None, sync, **timer)[0]
+    if not torch.equal(runner.state_idx, seeded):
+        raise SystemExit("torch state_idx changed over repeated steps")
+    return ms, first
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    if cuda != (jax.default_backend() == "gpu"):
+        raise SystemExit(f"torch cuda={cuda} but jax backend {jax.default_backend()}")
+    s = setup(args.small)
+    timer = dict(reps=2, n0=2, min_s=0.0) if args.small else dict(reps=5, n0=20, min_s=0.05)
+    jax_ms, j_slots = run_jax(s, timer)
+    torch_ms, t_slots = run_torch(s, cuda, timer)
+    for f in SLOT_FIELDS:
+        if not np.array_equal(j_slots[f].astype(np.int64), t_slots[f].astype(np.int64)):
+            raise SystemExit(f"JAX and torch disagree on {f}")
+    rows = len(s["idx_mapping"])
+    records = [{"method": m, "us_per_step": v * 1e3, "rows": rows}
+               for m, v in {"jax_jit": jax_ms, **torch_ms}.items()]
+    cfg = s["config"]
+    header = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
+        "torch": torch.__version__, "triton": triton.__version__, "jax": jax.__version__,
+        "jax_backend": jax.default_backend(), "jax_triton": _version("jax-triton"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "step": "preprocess + pre-copy (no row crosses: launches copy nothing) + resolve",
+        "timer": "perf_counter around back-to-back calls, one block_until_ready / "
+                 "torch.cuda.synchronize after the last; median per-call time of "
+                 + ("2 repetitions (CPU smoke run)" if args.small
+                    else "5 repetitions of >= 20 calls and >= 50 ms"),
+        "config": {"rows": rows, "num_slots": s["slots"], "block_size": cfg.block_size,
+                   "num_spec": cfg.num_spec, "num_layers": cfg.num_layers,
+                   "num_blocks": s["num_blocks"], "mode": "pre-copy",
+                   "pools": {n: list(v) for n, v in pool_shapes(s).items()}},
+    }
+    return {"header": header, "records": records}
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:
+        return None
+
+
+def table(records: List[Dict[str, Any]]) -> str:
+    lines = ["| method | µs per step | rows |", "|---|---:|---:|"]
+    lines += [f"| {r['method']} | {r['us_per_step']:.1f} | {r['rows']} |" for r in records]
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
+    ap.add_argument("--small", action="store_true",
+                    help="CPU smoke run: tiny pools, 2 repetitions of 2 calls")
+    args = ap.parse_args(argv)
+    data = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "dispatch_h200.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(table(data["records"]))
+    print(f"\nwrote {args.out}/dispatch_h200.json")
+
+
+if __name__ == "__main__":
+    main()
