@@ -106,3 +106,18 @@ def test_copies_leave_untouched_blocks_and_padded_strides_alone():
     assert torch.equal(base[:, :, 24:], before[:, :, 24:])  # padding untouched
     assert torch.equal(pool[:, 4, :2], pool[:, 2, 1:]) and torch.equal(pool[:, 4, 2], before[:, 4, 16:24])
     assert torch.equal(pool[:, 5], pool[:, 2])
+
+
+def test_temporal_copy_of_large_blocks_uses_multi_tile_programs():
+    from mamba_align.kernels import plan_copy_temporal
+
+    numel = 64 * 1024  # 256 KiB fp32: 64 tiles of 4 KiB, four per program
+    assert plan_copy_temporal(2, 1, numel, 4).constexprs["TILES_PER_PROGRAM"] == 4
+    gen = torch.Generator().manual_seed(5)
+    pool = random_pool(gen, (1, 5, 64, 1024), torch.float32).to(DEVICE)
+    want = np_view(pool)
+    plan = CopyPlan(np.array([1, 3]), np.array([1, 3]), np.array([4, 2]), np.zeros(2, np.int64))
+    apply_temporal_copy(want, plan)
+    torch.ops.mamba_align.copy_temporal_(pool, torch.tensor([1, 3], device=DEVICE),
+                                         torch.tensor([4, 2], device=DEVICE))
+    assert same_bytes(pool, want)
