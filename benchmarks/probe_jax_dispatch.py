@@ -39,7 +39,6 @@ def main() -> None:
     x = jnp.zeros(64, jnp.int32)
     print(f"jit x + 1: {issue_us(jax.jit(lambda a: a + 1), x):.1f} us")
     print(f"jit x + 1 donated: {issue_us(jax.jit(lambda a: a + 1, donate_argnums=0), x):.1f} us")
-    st = mj.init_state(256)
     slots, nc = jnp.arange(64, dtype=jnp.int32), jnp.ones(64, jnp.int32)
 
     def k_calls(k):
@@ -50,7 +49,8 @@ def main() -> None:
         return f
 
     for k in (1, 2, 4, 8):
-        print(f"jit {k} triton calls: {issue_us(jax.jit(k_calls(k), donate_argnums=0), st):.1f} us")
+        fresh = mj.init_state(256)
+        print(f"jit {k} triton calls: {issue_us(jax.jit(k_calls(k), donate_argnums=0), fresh):.1f} us")
 
     cfg = CacheConfig(64, 3, 2, {"conv": ConvSpec(4, 8192, "SD", "bfloat16"),
                                  "ssm": TemporalSpec((32, 128, 128))})
