@@ -108,9 +108,14 @@ class CacheConfig:
                 )
 
     def __hash__(self) -> int:
-        # hashable, so a config can be a static argument of jax.jit
-        return hash((self.block_size, self.num_spec, self.num_layers,
-                     tuple(sorted(self.states.items()))))
+        # hashable, so a config can be a static argument of jax.jit; computed once, since
+        # jit hashes its static arguments on every call
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.block_size, self.num_spec, self.num_layers,
+                      tuple(sorted(self.states.items()))))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def window(self) -> int:
