@@ -5,10 +5,13 @@ uses), the input arrays and scalars by name, and the shapes of the outputs that 
 aliased to an input, and returns every output by name. In-place outputs (``plan.aliases``)
 are returned as the updated input array.
 
-* GPU: ``jax_triton.triton_call`` with ``input_output_aliases`` (jax-triton 0.3.x; its
-  import needs a GPU and clears ``TRITON_CACHE_DIR``, so it is imported lazily and the
-  variable restored). Under ``jax.jit`` with the aliased arrays donated, XLA updates
-  them in place.
+* GPU: ``jax_triton.triton_call`` with ``input_output_aliases`` (its import needs a GPU
+  and clears ``TRITON_CACHE_DIR``, so it is imported lazily and the variable restored).
+  Under ``jax.jit`` with the aliased arrays donated, XLA updates them in place.
+  jax-triton 0.3.x takes ``out_shape`` and counts alias inputs among the array operands;
+  0.4.x takes ``out_type`` and counts them among all non-constexpr operands in parameter
+  order. The kernel ABI puts every array before the scalars, so the indices agree; only
+  the keyword differs. (0.4.x needs triton >= 3.7: that branch is not yet run on a GPU.)
 * CPU: ``jax.pure_callback`` into Triton's interpreter on writable NumPy copies (one lock
   around the interpreter). The interpreter keeps its arguments in torch CPU tensors, so
   this path wraps the copies with ``torch.from_numpy`` (no copy); torch is imported there
@@ -27,6 +30,7 @@ import numpy as np
 
 _LOCK = threading.Lock()
 _JT = None
+_JT_VERSION = (0, 0)
 _WARNED = set()
 
 
@@ -36,7 +40,7 @@ def on_gpu() -> bool:
 
 def _jax_triton():
     """Import jax_triton once, keeping ``TRITON_CACHE_DIR`` as it was."""
-    global _JT
+    global _JT, _JT_VERSION
     if _JT is None:
         saved = os.environ.get("TRITON_CACHE_DIR")
         import jax_triton
@@ -45,13 +49,13 @@ def _jax_triton():
             os.environ.pop("TRITON_CACHE_DIR", None)
         else:
             os.environ["TRITON_CACHE_DIR"] = saved
-        major, minor = (int(x) for x in jax_triton.__version__.split(".")[:2])
-        if (major, minor) != (0, 3):
+        version = tuple(int(x) for x in jax_triton.__version__.split(".")[:2])
+        if version not in ((0, 3), (0, 4)):
             raise ImportError(
-                f"jax-triton {jax_triton.__version__} is not supported: this bridge speaks the "
-                "0.3.x API (input_output_aliases, out_shape); install jax-triton==0.3.1"
+                f"jax-triton {jax_triton.__version__} is not supported: install 0.3.x "
+                "(triton 3.6) or 0.4.x (triton >= 3.7)"
             )
-        _JT = jax_triton
+        _JT, _JT_VERSION = jax_triton, version
     return _JT
 
 
@@ -91,9 +95,10 @@ def _launch_gpu(plan, inputs, scalar_values, specs):
             warnings.warn(f"{key} called outside jax.jit: its in-place arrays are copied; jit "
                           "the step with the pools donated (donate_argnums) to update them in "
                           "place", stacklevel=3)
-    outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, out_shape=specs,
-                          grid=plan.grid, num_warps=plan.num_warps,
-                          input_output_aliases=aliases, **plan.constexprs)
+    shapes = {"out_shape" if _JT_VERSION < (0, 4) else "out_type": specs}
+    outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, grid=plan.grid,
+                          num_warps=plan.num_warps, input_output_aliases=aliases, **shapes,
+                          **plan.constexprs)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
 
