@@ -12,13 +12,16 @@ if "TRITON_INTERPRET" not in os.environ and not (
 ):
     os.environ["TRITON_INTERPRET"] = "1"
 
-from .plan import LaunchPlan  # noqa: E402
+from .plan import LaunchPlan, check_step_scalars, pool_scalars, table_scalars  # noqa: E402
 from .bookkeeping import plan_add_requests, plan_postprocess, plan_preprocess  # noqa: E402
 from .copy import plan_copy_conv, plan_copy_temporal  # noqa: E402
 from .resolve import plan_resolve  # noqa: E402
 
 __all__ = [
     "LaunchPlan",
+    "check_step_scalars",
+    "pool_scalars",
+    "table_scalars",
     "plan_add_requests",
     "plan_preprocess",
     "plan_postprocess",

@@ -1,11 +1,13 @@
 """Per-step bookkeeping kernels (SPEC.md §1-2), one program per tile of batch rows.
 
 Every batch row maps to a distinct request slot (or -1 = skip; a slot id outside the
-arrays is skipped too, so bad input never writes out of bounds), so the program that
-reads a slot's ``state_idx`` / ``acc`` / ``num_computed`` is the only one writing them.
-Per-slot arrays are in place: passed as inputs and as outputs, read and written through
-the output pointer. Index arrays may be int32 or int64; all arithmetic is int64.
-Divisions only ever see non-negative numerators (Triton divides by truncation).
+arrays is skipped too, so a bad slot id never writes out of bounds), so the program that
+reads a slot's ``state_idx`` / ``acc`` / ``num_computed`` is the only one writing them
+(duplicate slots in one batch are a precondition violation: they race). Per-slot arrays
+are in place: passed as inputs and as outputs, read and written through the output
+pointer. Index arrays may be int32 or int64; all arithmetic is int64. Triton divides by
+truncation, so every division whose result is used has a non-negative numerator for valid
+input (``(nc - 1) // B`` at ``nc = 0`` is computed and discarded).
 
 * ``add_requests``: seed slots, ``state_idx = (num_computed - 1) // B`` (-1 when fresh).
 * ``preprocess``: step 1 for every row, plus the pre-copy's physical copy plan (step 2).
@@ -160,16 +162,21 @@ def postprocess_kernel(
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
 
-    # accept: spec rows keep max(num_sampled, 1) candidates, others a single state
+    # accept: spec rows keep max(num_sampled, 1) candidates, others a single state; a
+    # num_sampled outside [0, query_len] (bad input) is clamped rather than trusted
+    ns = tl.minimum(tl.maximum(ns, 0), q)
     acc = tl.where(spec, tl.maximum(ns, 1), 1)
     nc = nc + tl.where(spec, ns, q)
 
     # post-process: the boundary reached by the accepted tokens, if any
     running = nc - acc + 1
     aligned = (nc // block_size) * block_size
-    hit = live & (aligned >= running) & (aligned >= block_size)
     bias = aligned - running
     dest = aligned // block_size - 1
+    # a boundary lands in the running block or the kept one before it (SPEC.md §2 step 6);
+    # anything else means inconsistent bookkeeping, which must not copy or cache
+    hit = live & (col >= 0) & (aligned >= running) & (aligned >= block_size)
+    hit = hit & ((dest == col) | (dest == col - 1))
     same = hit & (dest == col)
     copy = hit & ~(same & (bias == 0))
 

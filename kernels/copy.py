@@ -65,6 +65,7 @@ def copy_conv_kernel(
     pool_ptr,
     W_PAD: tl.constexpr,
     TILE_D: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
 ):
     # Destination row i takes source row i + shift, for i < W - shift; other rows keep their
@@ -81,18 +82,20 @@ def copy_conv_kernel(
     if ok:
         base = layer * layer_stride
         w = tl.arange(0, W_PAD).to(tl.int64)
-        d = tl.program_id(1).to(tl.int64) * TILE_D + tl.arange(0, TILE_D)
-        if LAYOUT_DS:  # block [D, W]: shift along the last axis
-            dst_offs = d[:, None] * width + w[None, :]
-            src_offs = dst_offs + shift
-            mask = (d[:, None] < dim) & (w[None, :] + shift < width)
-        else:  # block [W, D]: shift whole rows
-            dst_offs = w[:, None] * dim + d[None, :]
-            src_offs = dst_offs + shift * dim
-            mask = (w[:, None] + shift < width) & (d[None, :] < dim)
-        x = tl.load(pool_ptr + base + src * block_stride + src_offs, mask=mask)
-        tl.debug_barrier()
-        tl.store(pool_ptr + base + dst * block_stride + dst_offs, x, mask=mask)
+        for t in tl.static_range(TILES_PER_PROGRAM):
+            d = (tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM + t) * TILE_D \
+                + tl.arange(0, TILE_D)
+            if LAYOUT_DS:  # block [D, W]: shift along the last axis
+                dst_offs = d[:, None] * width + w[None, :]
+                src_offs = dst_offs + shift
+                mask = (d[:, None] < dim) & (w[None, :] + shift < width)
+            else:  # block [W, D]: shift whole rows
+                dst_offs = w[:, None] * dim + d[None, :]
+                src_offs = dst_offs + shift * dim
+                mask = (w[:, None] + shift < width) & (d[None, :] < dim)
+            x = tl.load(pool_ptr + base + src * block_stride + src_offs, mask=mask)
+            tl.debug_barrier()
+            tl.store(pool_ptr + base + dst * block_stride + dst_offs, x, mask=mask)
 
 
 @functools.lru_cache(maxsize=256)
@@ -134,14 +137,17 @@ def plan_copy_conv(
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
     w_pad = next_pow2(width)
     tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
-    grid = (max(1, num_rows * num_layers), cdiv(dim, tile_d))
+    tiles = cdiv(dim, tile_d)
+    per_program = next_pow2(cdiv(tiles, MAX_GRID_YZ))  # > 1 only for huge D: axis-1 limit
+    grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))
     return LaunchPlan(
         kernel=copy_conv_kernel,
         grid=grid,
         inputs=("pool", "src", "dst", "shift"),
         scalars=("num_layers", "layer_stride", "block_stride", "width", "dim", "num_blocks"),
         outputs=("pool",),
-        constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "LAYOUT_DS": layout == "DS"},
+        constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "TILES_PER_PROGRAM": per_program,
+                     "LAYOUT_DS": layout == "DS"},
         num_warps=4,
         aliases={"pool": "pool"},
     )

@@ -57,3 +57,34 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def check_step_scalars(block_size: int, num_spec: int = 0) -> None:
+    """``block_size >= 1`` and ``num_spec >= 0``: static, so checked on the host."""
+    for name, v, low in (("block_size", block_size, 1), ("num_spec", num_spec, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+
+
+def table_scalars(shape: Tuple[int, int], row_stride: int, num_slots: int) -> dict:
+    """Kernel scalars of a block table ``[rows, max_cols]`` used with ``num_slots`` slots."""
+    if shape[0] < num_slots:
+        raise ValueError(f"block_table has {shape[0]} rows, fewer than the {num_slots} slots")
+    return {"bt_stride": int(row_stride), "max_cols": int(shape[1]), "num_slots": int(num_slots)}
+
+
+def pool_scalars(shape: Tuple[int, ...], strides: Tuple[int, ...], layout: str = "temporal") -> dict:
+    """Kernel scalars of a pool ``[L, NB, *block]`` with element strides ``strides``:
+    layers, layer / block strides, blocks, and ``block_numel`` (temporal) or ``width`` /
+    ``dim`` (conv, ``layout`` "SD" = ``[W, D]`` or "DS" = ``[D, W]``)."""
+    out = {"num_layers": int(shape[0]), "layer_stride": int(strides[0]),
+           "block_stride": int(strides[1]), "num_blocks": int(shape[1])}
+    if layout == "temporal":
+        numel = 1
+        for s in shape[2:]:
+            numel *= int(s)
+        out["block_numel"] = numel
+    else:
+        out["width"], out["dim"] = ((int(shape[2]), int(shape[3])) if layout == "SD"
+                                    else (int(shape[3]), int(shape[2])))
+    return out

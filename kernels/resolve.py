@@ -73,7 +73,7 @@ def resolve_kernel(
     n_writes = tl.where(spec, q, 1)
     wmask = live[:, None] & (j[None, :] < n_writes[:, None])
     cols = col[:, None] + j[None, :]
-    ok = wmask & (cols < max_cols)
+    ok = wmask & (cols >= 0) & (cols < max_cols)
     win = tl.load(block_table_ptr + slot[:, None] * bt_stride + cols, mask=ok, other=-1)
     out_mask = in_batch[:, None] & (j[None, :] < WIN)
     tl.store(temporal_write_ptr + r[:, None] * WIN + j[None, :], win.to(tl.int64), mask=out_mask)

@@ -67,13 +67,28 @@ def _slots(state_idx, acc, num_computed):
 
 def _table(block_table, num_slots: int) -> Dict[str, int]:
     index_array("block_table", block_table, (None, None))
-    return {"bt_stride": int(block_table.shape[1]), "max_cols": int(block_table.shape[1]),
-            "num_slots": min(num_slots, int(block_table.shape[0]))}
+    shape = tuple(int(x) for x in block_table.shape)
+    return K.table_scalars(shape, shape[1], num_slots)  # JAX arrays are row-major
+
+
+def _row_major(shape) -> Tuple[int, ...]:
+    strides, acc = [], 1
+    for size in reversed(shape):
+        strides.append(acc)
+        acc *= int(size)
+    return tuple(reversed(strides))
+
+
+def _flags(name: str, x, rows: int):
+    """``is_spec`` as int8 0/1 (any nonzero value is true, as in the torch backend)."""
+    index_array(name, x, (rows,), flags=True)
+    return (x != 0).astype(jnp.int8)
 
 
 def add_requests(state_idx, acc, num_computed, slots, num_computed_new, block_size: int):
     """Seed ``slots`` ([n]) with ``num_computed_new`` ([n]); returns the three per-slot
     arrays updated."""
+    K.check_step_scalars(block_size)
     n_slots = _slots(state_idx, acc, num_computed)
     index_array("slots", slots, (None,))
     n = slots.shape[0]
@@ -91,6 +106,7 @@ def preprocess(state_idx, acc, num_computed, idx_mapping, query_len, block_table
                block_size: int) -> Dict[str, jax.Array]:
     """SPEC.md §2 steps 1-2: returns ``state_idx``/``acc`` updated and per-row ``src_col``,
     ``src_off``, ``new_col`` and the pre-copy plan ``copy_tsrc/csrc/dst/shift``."""
+    K.check_step_scalars(block_size)
     n_slots = _slots(state_idx, acc, num_computed)
     index_array("idx_mapping", idx_mapping, (None,))
     rows = idx_mapping.shape[0]
@@ -111,10 +127,11 @@ def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_
             num_spec: int, mode: str) -> Tuple[jax.Array, ...]:
     """SPEC.md §4 slots: ``(temporal_read, conv_read, conv_read_off, temporal_write
     [rows, 1 + S], conv_write)``."""
+    K.check_step_scalars(1, num_spec)
     index_array("idx_mapping", idx_mapping, (None,))
     rows = idx_mapping.shape[0]
     index_array("query_len", query_len, (rows,))
-    index_array("is_spec", is_spec, (rows,), flags=True)
+    is_spec = _flags("is_spec", is_spec, rows)
     for name, t in (("src_col", src_col), ("src_off", src_off), ("new_col", new_col)):
         index_array(name, t, (rows,))
     index_array("acc", acc, (None,))
@@ -126,7 +143,7 @@ def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_
     specs = {"temporal_read": _rows(rows), "conv_read": _rows(rows), "conv_read_off": _rows(rows),
              "temporal_write": _rows(rows, 1 + num_spec), "conv_write": _rows(rows)}
     out = launch(plan, {"idx_mapping": idx_mapping, "query_len": query_len,
-                        "is_spec": is_spec.astype(jnp.int8), "block_table": block_table,
+                        "is_spec": is_spec, "block_table": block_table,
                         "src_col": src_col, "src_off": src_off, "new_col": new_col, "acc": acc},
                  dict(scal, num_rows=rows), specs)
     return tuple(out[n] for n in plan.outputs)
@@ -136,11 +153,12 @@ def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, n
                 block_table, block_size: int) -> Dict[str, jax.Array]:
     """SPEC.md §2 steps 5-7: returns ``acc``/``num_computed`` updated, ``cache_col`` and the
     post-process copy plan ``copy_tsrc/csrc/dst/shift``."""
+    K.check_step_scalars(block_size)
     n_slots = _slots(state_idx, acc, num_computed)
     index_array("idx_mapping", idx_mapping, (None,))
     rows = idx_mapping.shape[0]
     index_array("query_len", query_len, (rows,))
-    index_array("is_spec", is_spec, (rows,), flags=True)
+    is_spec = _flags("is_spec", is_spec, rows)
     index_array("num_sampled", num_sampled, (rows,))
     scal = _table(block_table, n_slots)
     names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
@@ -149,7 +167,7 @@ def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, n
         return dict({n: empty for n in names}, acc=acc, num_computed=num_computed)
     return launch(K.plan_postprocess(rows),
                   {"idx_mapping": idx_mapping, "query_len": query_len,
-                   "is_spec": is_spec.astype(jnp.int8), "num_sampled": num_sampled,
+                   "is_spec": is_spec, "num_sampled": num_sampled,
                    "block_table": block_table, "state_idx": state_idx, "acc": acc,
                    "num_computed": num_computed},
                   dict(scal, num_rows=rows, block_size=block_size),
@@ -157,22 +175,17 @@ def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, n
 
 
 def copy_temporal(pool, src, dst):
-    """Returns ``pool`` with ``pool[:, dst] = pool[:, src]`` on rows with ``src >= 0`` (bit
-    copy). ``pool`` ``[L, NB, ...]``; ``src``/``dst`` int ``[rows]``."""
+    """Returns ``pool`` with ``pool[:, dst] = pool[:, src]`` (bit copy) on rows with valid
+    ids (``0 <= id < NB``, not the same block); other rows copy nothing. ``pool`` ``[L, NB, ...]``; ``src``/``dst`` int ``[rows]``."""
     bits = _pool_bits("pool", pool, tuple(pool.shape[2:]))
     index_array("src", src, (None,))
     index_array("dst", dst, (src.shape[0],))
-    rows = src.shape[0]
-    numel = 1
-    for s in pool.shape[2:]:
-        numel *= int(s)
-    if rows == 0 or pool.size == 0:
+    if src.shape[0] == 0 or pool.size == 0:
         return pool
-    L, nb = int(pool.shape[0]), int(pool.shape[1])
-    out = launch(K.plan_copy_temporal(rows, L, numel, jnp.dtype(pool.dtype).itemsize),
-                 {"pool": bits, "src": src, "dst": dst},
-                 {"num_layers": L, "layer_stride": nb * numel, "block_stride": numel,
-                  "block_numel": numel, "num_blocks": nb}, {})
+    scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape))
+    out = launch(K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
+                                      jnp.dtype(pool.dtype).itemsize),
+                 {"pool": bits, "src": src, "dst": dst}, scal, {})
     return _from_bits(out["pool"], pool)
 
 
@@ -187,14 +200,10 @@ def copy_conv(pool, src, dst, shift, layout: str):
     index_array("src", src, (None,))
     index_array("dst", dst, (src.shape[0],))
     index_array("shift", shift, (src.shape[0],))
-    rows = src.shape[0]
-    if rows == 0 or pool.size == 0:
+    if src.shape[0] == 0 or pool.size == 0:
         return pool
-    L, nb = int(pool.shape[0]), int(pool.shape[1])
-    width, dim = (pool.shape[2], pool.shape[3]) if layout == "SD" else (pool.shape[3], pool.shape[2])
-    numel = int(width) * int(dim)
-    out = launch(K.plan_copy_conv(rows, L, int(width), int(dim), jnp.dtype(pool.dtype).itemsize, layout),
-                 {"pool": bits, "src": src, "dst": dst, "shift": shift},
-                 {"num_layers": L, "layer_stride": nb * numel, "block_stride": numel,
-                  "width": int(width), "dim": int(dim), "num_blocks": nb}, {})
+    scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape), layout)
+    out = launch(K.plan_copy_conv(src.shape[0], scal["num_layers"], scal["width"], scal["dim"],
+                                  jnp.dtype(pool.dtype).itemsize, layout),
+                 {"pool": bits, "src": src, "dst": dst, "shift": shift}, scal, {})
     return _from_bits(out["pool"], pool)

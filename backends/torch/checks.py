@@ -1,6 +1,6 @@
 """Validation of torch arguments: dtype, rank, shape, device and layout, never values
-(reading values would synchronise with the GPU; the kernels treat out-of-range ids as
-"no slot" and never write outside a pool)."""
+(reading values would synchronise with the GPU). The kernels instead skip out-of-range slot
+and block ids, so they never write outside a pool or the bookkeeping arrays."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def index_tensor(
 
 
 def flag_tensor(name: str, t, rows: int, device: torch.device) -> torch.Tensor:
-    """``is_spec``: a bool/int8/int32 tensor ``[rows]``."""
-    return index_tensor(name, t, device, (rows,), (torch.bool, torch.int8, torch.int32))
+    """``is_spec``: a bool/int8/int32/int64 tensor ``[rows]`` (nonzero = true)."""
+    return index_tensor(name, t, device, (rows,),
+                        (torch.bool, torch.int8, torch.int32, torch.int64))
 
 
 def pool_tensor(name: str, pool: torch.Tensor, block_shape: Sequence[int]) -> torch.Tensor:

@@ -58,10 +58,8 @@ def _slot_arrays(state_idx, acc, num_computed):
 
 
 def _block_table(bt, dev, num_slots: int):
-    """Scalars for the kernels; slots beyond the per-slot arrays or the table are skipped."""
     index_tensor("block_table", bt, dev, (None, None))
-    return {"bt_stride": bt.stride(0), "max_cols": bt.shape[1],
-            "num_slots": min(num_slots, bt.shape[0])}
+    return K.table_scalars(tuple(bt.shape), bt.stride(0), num_slots)
 
 
 # -- add_requests ------------------------------------------------------------------------
@@ -70,6 +68,7 @@ def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torc
                   slots: torch.Tensor, num_computed_new: torch.Tensor, block_size: int) -> None:
     """Seed slots ``slots`` ([n]) with ``num_computed_new`` ([n]) computed tokens in place:
     ``state_idx = (num_computed - 1) // B``, ``acc = 1``. Per-slot arrays are [num_slots]."""
+    K.check_step_scalars(block_size)
     dev = _slot_arrays(state_idx, acc, num_computed)
     index_tensor("slots", slots, dev, (None,))
     index_tensor("num_computed_new", num_computed_new, dev, (slots.shape[0],))
@@ -95,6 +94,7 @@ def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.
     """SPEC.md §2 steps 1-2 on the device. Updates ``state_idx`` / ``acc`` in place and
     returns int64 ``[rows]`` tensors ``[src_col, src_off, new_col, copy_tsrc, copy_csrc,
     copy_dst, copy_shift]`` (the last four: the pre-copy's physical plan)."""
+    K.check_step_scalars(block_size)
     dev = _slot_arrays(state_idx, acc, num_computed)
     rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
     index_tensor("idx_mapping", idx_mapping, dev, (None,))
@@ -124,6 +124,7 @@ def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.T
             copy_free: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """SPEC.md §4 slots: int64 ``[temporal_read [rows], conv_read [rows], conv_read_off
     [rows], temporal_write [rows, 1 + S], conv_write [rows]]``."""
+    K.check_step_scalars(1, num_spec)
     dev = idx_mapping.device
     rows = idx_mapping.shape[0]
     index_tensor("idx_mapping", idx_mapping, dev, (None,))
@@ -162,6 +163,7 @@ def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch
     """SPEC.md §2 steps 5-7 on the device: accept, then the boundary decision. Updates
     ``acc`` / ``num_computed`` in place; returns int64 ``[rows]`` tensors ``[cache_col,
     copy_tsrc, copy_csrc, copy_dst, copy_shift]``."""
+    K.check_step_scalars(block_size)
     dev = _slot_arrays(state_idx, acc, num_computed)
     rows = idx_mapping.shape[0]
     index_tensor("idx_mapping", idx_mapping, dev, (None,))
@@ -189,20 +191,20 @@ def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled
 # -- copies --------------------------------------------------------------------------------
 @_op("copy_temporal_", ("pool",))
 def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """In place, for every row with ``src >= 0``: ``pool[:, dst] = pool[:, src]`` (bit copy).
+    """In place, for every row with valid ``src`` and ``dst`` (``0 <= id < NB``, not the
+    same block): ``pool[:, dst] = pool[:, src]`` (bit copy); other rows copy nothing.
     ``pool`` is ``[L, NB, ...]`` (any dtype, contiguous inner block); ``src``/``dst`` int
     ``[rows]`` physical block ids."""
     bits = pool_tensor("pool", pool, tuple(pool.shape[2:]))
     dev = same_device(pool, src, dst)
     index_tensor("src", src, dev, (None,))
     index_tensor("dst", dst, dev, (src.shape[0],))
-    rows, numel = src.shape[0], max(1, bits[0, 0].numel()) if pool.dim() > 2 else 1
-    if rows == 0 or pool.numel() == 0:
+    if src.shape[0] == 0 or pool.numel() == 0:
         return
-    plan = K.plan_copy_temporal(rows, pool.shape[0], numel, pool.element_size())
-    _launch(plan, {"pool": bits, "src": src, "dst": dst},
-            {"num_layers": pool.shape[0], "layer_stride": bits.stride(0),
-             "block_stride": bits.stride(1), "block_numel": numel, "num_blocks": pool.shape[1]})
+    scal = K.pool_scalars(tuple(bits.shape), bits.stride())
+    plan = K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
+                                pool.element_size())
+    _launch(plan, {"pool": bits, "src": src, "dst": dst}, scal)
 
 
 @copy_temporal_.register_fake
@@ -213,8 +215,9 @@ def _(pool, src, dst):
 @_op("copy_conv_", ("pool",))
 def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: torch.Tensor,
                layout: str) -> None:
-    """In place, for every row with ``src >= 0``: the conv window of ``src`` shifted left by
-    ``shift`` rows into ``dst`` (memmove-safe when ``src == dst``). ``pool`` is
+    """In place, for every row with valid ids and ``0 <= shift < W`` (and not a same-block
+    copy with no shift): the conv window of ``src`` shifted left by ``shift`` rows into
+    ``dst`` (memmove-safe when ``src == dst``); other rows copy nothing. ``pool`` is
     ``[L, NB, W, D]`` ("SD") or ``[L, NB, D, W]`` ("DS")."""
     if layout not in ("SD", "DS"):
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
@@ -225,15 +228,12 @@ def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: 
     index_tensor("src", src, dev, (None,))
     index_tensor("dst", dst, dev, (src.shape[0],))
     index_tensor("shift", shift, dev, (src.shape[0],))
-    rows = src.shape[0]
-    if rows == 0 or pool.numel() == 0:
+    if src.shape[0] == 0 or pool.numel() == 0:
         return
-    width, dim = (pool.shape[2], pool.shape[3]) if layout == "SD" else (pool.shape[3], pool.shape[2])
-    plan = K.plan_copy_conv(rows, pool.shape[0], width, dim, pool.element_size(), layout)
-    _launch(plan, {"pool": bits, "src": src, "dst": dst, "shift": shift},
-            {"num_layers": pool.shape[0], "layer_stride": bits.stride(0),
-             "block_stride": bits.stride(1), "width": width, "dim": dim,
-             "num_blocks": pool.shape[1]})
+    scal = K.pool_scalars(tuple(bits.shape), bits.stride(), layout)
+    plan = K.plan_copy_conv(src.shape[0], scal["num_layers"], scal["width"], scal["dim"],
+                            pool.element_size(), layout)
+    _launch(plan, {"pool": bits, "src": src, "dst": dst, "shift": shift}, scal)
 
 
 @copy_conv_.register_fake
