@@ -12,7 +12,7 @@ blocks x block shape). Two kinds exist:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Tuple, Union
+from typing import Dict, Mapping, Tuple, Union
 
 from .checks import positive_int
 
@@ -116,6 +116,12 @@ class CacheConfig:
                       tuple(sorted(self.states.items()))))
             object.__setattr__(self, "_hash", h)
         return h
+
+    def copy_kinds(self) -> Dict[str, str]:
+        """How each pool is copied: ``"temporal"`` (whole block) or the conv layout
+        (``"SD"``/``"DS"``, shifted by the bias). Backends dispatch their copies on this."""
+        return {name: spec.layout if isinstance(spec, ConvSpec) else "temporal"
+                for name, spec in self.states.items()}
 
     @property
     def window(self) -> int:

@@ -43,6 +43,9 @@ def _pool_bits(name: str, pool, block_shape: Sequence[int]):
         raise ValueError(f"{name} must have shape [L, NB, {', '.join(map(str, block_shape))}], "
                          f"got {list(getattr(pool, 'shape', []))}")
     size = jnp.dtype(pool.dtype).itemsize
+    if jnp.dtype(pool.dtype).kind in "bc":  # lax.bitcast_convert_type refuses them
+        raise TypeError(f"{name} dtype {pool.dtype} is not supported by the JAX backend "
+                        "(bit copies need a numeric dtype: float or int)")
     if size not in _BITS:
         raise TypeError(f"{name} has unsupported element size {size}")
     return jax.lax.bitcast_convert_type(pool, _BITS[size]) if jnp.dtype(pool.dtype) != _BITS[size] \

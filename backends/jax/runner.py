@@ -15,7 +15,7 @@ from typing import Dict, NamedTuple, Tuple
 import jax
 import jax.numpy as jnp
 
-from ...core.config import CacheConfig, ConvSpec
+from ...core.config import CacheConfig
 from . import ops
 
 
@@ -68,11 +68,11 @@ def _check(config: CacheConfig, pools: Pools, mode: str = "pre-copy") -> None:
 
 def _copy(config: CacheConfig, pools: Pools, tsrc, csrc, dst, shift) -> Pools:
     out = dict(pools)
-    for name, spec in config.states.items():
-        if isinstance(spec, ConvSpec):
-            out[name] = ops.copy_conv(pools[name], csrc, dst, shift, spec.layout)
-        else:
+    for name, kind in config.copy_kinds().items():
+        if kind == "temporal":
             out[name] = ops.copy_temporal(pools[name], tsrc, dst)
+        else:
+            out[name] = ops.copy_conv(pools[name], csrc, dst, shift, kind)
     return out
 
 

@@ -17,7 +17,7 @@ from typing import Mapping
 
 import torch
 
-from ...core.config import CacheConfig, ConvSpec
+from ...core.config import CacheConfig
 from . import ops  # noqa: F401  (registers torch.ops.mamba_align)
 from .checks import pool_tensor
 
@@ -62,10 +62,7 @@ class StateRunner:
         self.device = self.state_idx.device  # resolved: "cuda" -> cuda:0
         self.acc = torch.ones(num_slots, dtype=index_dtype, device=self.device)
         self.num_computed = torch.zeros(num_slots, dtype=index_dtype, device=self.device)
-        self.kinds = {
-            name: spec.layout if isinstance(spec, ConvSpec) else "temporal"
-            for name, spec in config.states.items()
-        }
+        self.kinds = config.copy_kinds()
 
     def check_pools(self, pools: Mapping[str, torch.Tensor]) -> None:
         """Pools must cover ``config.states`` with ``[L, NB, *block_shape]`` on our device."""
