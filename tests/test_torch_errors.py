@@ -97,3 +97,14 @@ def test_out_of_range_slots_touch_nothing():
     s = r.preprocess(pools, ids(9, 0), ids(2, 2), spec, bt)  # row 0 maps to a missing slot
     assert s.state_idx.tolist() == [-1, 1] and s.temporal_read.tolist()[0] == -1
     assert r.state_idx.tolist() == [1, -1, -1, -1]
+
+
+def test_overlapping_pool_strides_are_rejected_and_transposed_layouts_accepted():
+    base = torch.zeros(10_000, device=DEV)
+    overlapping = base.as_strided((2, 5, 3, 4), (24, 12, 4, 1))  # layer 1 = layer 0, block 2
+    with pytest.raises(ValueError, match="overlap"):
+        ops.copy_temporal_(overlapping, ids(1), ids(2))
+    blocks_first = torch.zeros(5, 2, 3, 4, device=DEV).transpose(0, 1)  # [L, NB] view of [NB, L]
+    blocks_first[:, 1] = 7.0
+    ops.copy_temporal_(blocks_first, ids(1), ids(3))
+    assert (blocks_first[:, 3] == 7.0).all() and (blocks_first[:, 2] == 0).all()

@@ -58,10 +58,15 @@ def pool_tensor(name: str, pool: torch.Tensor, block_shape: Sequence[int]) -> to
         if size > 1 and stride != numel:
             raise ValueError(f"{name} must have a contiguous inner block, strides {pool.stride()}")
         numel *= size
-    if pool.shape[1] > 1 and pool.stride(1) < numel:
-        raise ValueError(f"{name} block stride {pool.stride(1)} overlaps blocks of {numel} elements")
-    if pool.shape[0] > 1 and pool.stride(0) < numel:
-        raise ValueError(f"{name} layer stride {pool.stride(0)} overlaps blocks")
+    # (layer, block) -> offset must be one-to-one and blocks must not overlap: order the two
+    # outer dims by stride; the inner must clear a block, the outer its whole inner span
+    dims = sorted(((pool.stride(i), pool.shape[i]) for i in (0, 1) if pool.shape[i] > 1))
+    span = numel
+    for stride, size in dims:
+        if stride < span:
+            raise ValueError(f"{name} strides {pool.stride()[:2]} make blocks of {numel} "
+                             "elements overlap")
+        span = stride * size
     return pool.view(_BITS[pool.element_size()])
 
 
