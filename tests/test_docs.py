@@ -30,3 +30,13 @@ def test_demo_example_runs():
     )
     assert out.returncode == 0, out.stderr
     assert "every row read exactly the state of its token prefix" in out.stdout
+
+
+def test_torch_serving_loop_example_shows_exact_prefix_caching():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "torch_serving_loop.py")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "resumed from a cached block after 16 tokens" in out.stdout
+    assert "outputs identical bit for bit: True" in out.stdout
