@@ -1,9 +1,12 @@
-"""The README's code runs as written, and the demo example runs to completion."""
+"""The README's code runs as written, and the examples run to completion with the results
+they claim."""
 
 import pathlib
 import re
 import subprocess
 import sys
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,9 +35,10 @@ def test_demo_example_runs():
     assert "every row read exactly the state of its token prefix" in out.stdout
 
 
-def test_torch_serving_loop_example_shows_exact_prefix_caching():
+@pytest.mark.parametrize("example", ["torch_serving_loop.py", "jax_serving_loop.py"])
+def test_serving_loop_examples_show_exact_prefix_caching(example):
     out = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "torch_serving_loop.py")],
+        [sys.executable, str(ROOT / "examples" / example)],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
