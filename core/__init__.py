@@ -27,10 +27,10 @@ from .copy_ref import (
     postprocess_copy_plan,
     precopy_plan,
 )
-from .scheduler import Request, Scheduler, exact_drafter
+from .scheduler import Request, Scheduler, exact_drafter, random_drafter
 from .step_batch import CachedBlock, StepBatch, StepResult, pad_batch
 from .simulate import RowRecord, StepRecord, SymbolicRunner
-from .slots import MODES, KernelSlots, gather_columns, resolve_slots, window_blocks
+from .slots import MODES, KernelSlots, check_mode, gather_columns, resolve_slots, window_blocks
 from .symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -16,6 +16,7 @@ makes acceptance checkable and lets a simulation label every state by its token 
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -59,6 +60,22 @@ Drafter = Callable[[Request, int], Sequence[int]]
 def exact_drafter(request: Request, max_drafts: int) -> List[int]:
     """Proposes ``max_drafts`` drafts, all correct (the true next tokens)."""
     return list(request.tokens[request.known : request.known + max_drafts])
+
+
+def random_drafter(seed: int) -> Drafter:
+    """A drafter proposing a random number of drafts of which a random leading part is
+    correct; wrong drafts are token -2, which no true token equals. Deterministic in
+    ``(seed, request, position)``, so two runs of one workload (e.g. pre-copy and
+    copy-free) see the same drafts."""
+
+    def drafter(request: Request, max_drafts: int) -> List[int]:
+        rng = random.Random(hash((seed, request.req_id, request.known, max_drafts)))
+        true = list(request.tokens[request.known : request.known + max_drafts])
+        n = rng.randint(0, len(true))
+        ok = rng.randint(0, n)
+        return true[:ok] + [-2] * (n - ok)
+
+    return drafter
 
 
 class Scheduler:

@@ -19,7 +19,7 @@ from .config import ConvSpec
 from .copy_ref import CopyPlan, apply_copy, postprocess_copy_plan, precopy_plan
 from .scheduler import Scheduler
 from .step_batch import CachedBlock, StepBatch
-from .slots import MODES, KernelSlots, resolve_slots
+from .slots import KernelSlots, check_mode, resolve_slots
 from .symbolic import Labels, RowReads, conv_rows, symbolic_config, symbolic_forward
 from .symbolic import symbolic_pools
 
@@ -65,8 +65,7 @@ class SymbolicRunner:
         pad: Optional[Callable[[StepBatch], StepBatch]] = None,
     ) -> None:
         instance("scheduler", scheduler, Scheduler)
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        check_mode(mode)
         optional_callable("pad", pad)
         self.sched = scheduler
         self.config = scheduler.config

@@ -22,6 +22,13 @@ from .checks import bool_array, index_array, positive_int, unique_mapped
 MODES = ("pre-copy", "copy-free")
 
 
+def check_mode(mode: str) -> str:
+    """``mode`` after checking it is ``"pre-copy"`` or ``"copy-free"`` (every backend uses this)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    return mode
+
+
 @dataclass(frozen=True)
 class KernelSlots:
     """Resolved slots; int64, ``[rows]`` except ``temporal_write`` ``[rows, 1 + S]``."""
@@ -92,8 +99,7 @@ def resolve_slots(
     ``is_spec`` bool ``[rows]`` or one bool; spec rows need ``query_len <= 1 + S``.
     ``mode`` is ``"pre-copy"`` or ``"copy-free"``.
     """
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    check_mode(mode)
     state = check_slots(state)
     s = positive_int("num_spec", num_spec, minimum=0)
     idx = index_array("idx_mapping", idx_mapping, low=-1, high=state.num_slots)

@@ -31,6 +31,7 @@ from mamba_align.core import (
     apply_copy,
     init_slots,
     pad_batch,
+    random_drafter,
     postprocess,
     postprocess_copy_plan,
     precopy_plan,
@@ -46,16 +47,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:.*called outside jax.jit")
 
 def make_config(B, S, K=3, layout="SD"):
     return CacheConfig(B, S, 1, {"conv": ConvSpec(K, 4, layout), "ssm": TemporalSpec((2, 2))})
-
-
-def drafter_for(seed):
-    def drafter(req, m):
-        rng = random.Random(hash((seed, req.req_id, req.known, m)))
-        true = list(req.tokens[req.known : req.known + m])
-        n = rng.randint(0, len(true))
-        ok = rng.randint(0, n)
-        return true[:ok] + [-2] * (n - ok)
-    return drafter
 
 
 def host(x):
@@ -177,7 +168,7 @@ class TriDriver:
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_three_way_on_a_fixed_workload(mode, index_dtype):
     cfg = make_config(4, 3, K=3, layout="DS")
-    sched = Scheduler(cfg, 16, 3, 12, 64, drafter=drafter_for(1))
+    sched = Scheduler(cfg, 16, 3, 12, 64, drafter=random_drafter(1))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
     arrivals = {0: (0, prompt, list(range(10, 24))), 1: (0, prompt[:5], [3] * 9),
                 2: (4, prompt + [1], [4] * 7), 3: (9, prompt + [2], [5] * 6)}
@@ -208,5 +199,5 @@ def small_scenarios(draw):
 @given(small_scenarios())
 def test_three_way_on_random_streams(sc):
     sched = Scheduler(sc["cfg"], sc["num_blocks"], sc["max_num_seqs"], sc["max_num_tokens"], 64,
-                      drafter=drafter_for(sc["seed"]))
+                      drafter=random_drafter(sc["seed"]))
     TriDriver(sched, sc["mode"], torch.int32, sc["seed"] if sc["pad"] else None).run(sc["arrivals"])

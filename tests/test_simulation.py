@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mamba_align.core import CacheConfig, ConvSpec, Scheduler, SymbolicRunner, TemporalSpec
-from mamba_align.core import pad_batch
+from mamba_align.core import pad_batch, random_drafter
 from mamba_align.core.symbolic import UNWRITTEN
 
 
@@ -25,16 +25,12 @@ def seeded_drafter(seed, mode="random"):
     """Deterministic in (request, position): both modes of one scenario see the same drafts.
     A wrong draft is a negative token id, which never matches a true token."""
 
+    if mode == "random":
+        return random_drafter(seed)
+
     def drafter(req, max_drafts):
-        rng = random.Random(hash((seed, req.req_id, req.known, max_drafts)))
         true = list(req.tokens[req.known : req.known + max_drafts])
-        if mode == "all-wrong":
-            return [-1] * len(true)
-        if mode == "all-right":
-            return true
-        n = rng.randint(0, len(true))
-        ok = rng.randint(0, n)
-        return true[:ok] + [-2] * (n - ok)
+        return [-1] * len(true) if mode == "all-wrong" else true
 
     return drafter
 

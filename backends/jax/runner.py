@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from ...core.config import CacheConfig
+from ...core.slots import check_mode
 from . import ops
 
 
@@ -54,8 +55,7 @@ def init_state(num_slots: int, dtype=jnp.int32) -> SlotArrays:
 def _check(config: CacheConfig, pools: Pools, mode: str = "pre-copy") -> None:
     if not isinstance(config, CacheConfig):
         raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
-    if mode not in ("pre-copy", "copy-free"):
-        raise ValueError(f"mode must be 'pre-copy' or 'copy-free', got {mode!r}")
+    check_mode(mode)
     for name, spec in config.states.items():
         if name not in pools:
             raise KeyError(f"pools has no entry {name!r}")

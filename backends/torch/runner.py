@@ -18,6 +18,7 @@ from typing import Mapping
 import torch
 
 from ...core.config import CacheConfig
+from ...core.slots import check_mode
 from . import ops  # noqa: F401  (registers torch.ops.mamba_align)
 from .checks import pool_tensor
 
@@ -50,8 +51,7 @@ class StateRunner:
                  index_dtype: torch.dtype = torch.int32) -> None:
         if not isinstance(config, CacheConfig):
             raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
-        if mode not in ("pre-copy", "copy-free"):
-            raise ValueError(f"mode must be 'pre-copy' or 'copy-free', got {mode!r}")
+        check_mode(mode)
         if index_dtype not in (torch.int32, torch.int64):
             raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
         if not isinstance(num_slots, int) or num_slots < 1:
