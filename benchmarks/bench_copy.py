@@ -54,6 +54,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from make_benchmarks_md import tables_md  # noqa: E402
+from jax_device_time import device_ms  # noqa: E402
 
 GIB = 1 << 30
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -341,6 +342,10 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
                 ms, pools[pool] = host_ms(fn, pools[pool], jax.block_until_ready, **timer)
                 records.append(record(method, pool, b, L, nbytes, ms, "jax-host"))
                 show(records[-1])
+                if cuda:  # the GPU's busy time per call, from a profiler trace
+                    ms, pools[pool], _ = device_ms(fn, pools[pool], n=10)
+                    records.append(record(method, pool, b, L, nbytes, ms, "jax-device"))
+                    show(records[-1])
     del pools
     try:
         from importlib.metadata import version

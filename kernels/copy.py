@@ -30,6 +30,8 @@ def copy_temporal_kernel(
     pool_ptr,
     TILE: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
+    ALIGN: tl.constexpr,
+    EVEN: tl.constexpr,
 ):
     # axis 0: row * L + layer (unbounded), axis 1: a span of TILES_PER_PROGRAM tiles
     pid = tl.program_id(0).to(tl.int64)
@@ -39,15 +41,21 @@ def copy_temporal_kernel(
     dst = tl.load(dst_ptr + row).to(tl.int64)
     ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks) & (src != dst)
     if ok:
-        base = layer * layer_stride
-        src_base = pool_ptr + base + src * block_stride
-        dst_base = pool_ptr + base + dst * block_stride
+        src_off = layer * layer_stride + src * block_stride
+        dst_off = layer * layer_stride + dst * block_stride
+        if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
+            src_off = tl.multiple_of(src_off, ALIGN)
+            dst_off = tl.multiple_of(dst_off, ALIGN)
         start = tl.program_id(1).to(tl.int64) * (TILE * TILES_PER_PROGRAM)
         for t in tl.static_range(TILES_PER_PROGRAM):
             offs = start + t * TILE + tl.arange(0, TILE)
-            mask = offs < block_numel
-            x = tl.load(src_base + offs, mask=mask, eviction_policy="evict_first")
-            tl.store(dst_base + offs, x, mask=mask, cache_modifier=".cs")
+            if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
+                x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
+                tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
+            else:
+                mask = offs < block_numel
+                x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
+                tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
@@ -67,6 +75,8 @@ def copy_conv_kernel(
     TILE_D: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    EVEN_D: tl.constexpr,
 ):
     # Destination row i takes source row i + shift, for i < W - shift; other rows keep their
     # content. One program owns every row of its channel tile and loads them all before a
@@ -80,27 +90,40 @@ def copy_conv_kernel(
     ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
     ok = ok & (shift >= 0) & (shift < width) & ((src != dst) | (shift != 0))
     if ok:
-        base = layer * layer_stride
+        src_base = layer * layer_stride + src * block_stride
+        dst_base = layer * layer_stride + dst * block_stride
+        if ALIGN > 1:  # see plan_copy_conv
+            src_base = tl.multiple_of(src_base, ALIGN)
+            dst_base = tl.multiple_of(dst_base, ALIGN)
         w = tl.arange(0, W_PAD).to(tl.int64)
+        keep = w + shift < width  # [W_PAD] destination rows that receive a source row
         for t in tl.static_range(TILES_PER_PROGRAM):
             d = (tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM + t) * TILE_D \
                 + tl.arange(0, TILE_D)
             if LAYOUT_DS:  # block [D, W]: shift along the last axis
                 dst_offs = d[:, None] * width + w[None, :]
                 src_offs = dst_offs + shift
-                mask = (d[:, None] < dim) & (w[None, :] + shift < width)
+                mask = (d[:, None] < dim) & keep[None, :]
             else:  # block [W, D]: shift whole rows
-                dst_offs = w[:, None] * dim + d[None, :]
-                src_offs = dst_offs + shift * dim
-                mask = (w[:, None] + shift < width) & (d[None, :] < dim)
-            x = tl.load(pool_ptr + base + src * block_stride + src_offs, mask=mask)
+                rows = w * dim
+                moved = shift * dim
+                if ALIGN > 1:
+                    rows = tl.multiple_of(rows, ALIGN)
+                    moved = tl.multiple_of(moved, ALIGN)
+                dst_offs = rows[:, None] + d[None, :]
+                src_offs = dst_offs + moved
+                if EVEN_D:  # whole channel tiles: the mask is constant along D
+                    mask = tl.broadcast_to(keep[:, None], (W_PAD, TILE_D))
+                else:
+                    mask = keep[:, None] & (d[None, :] < dim)
+            x = tl.load(pool_ptr + src_base + src_offs, mask=mask)
             tl.debug_barrier()
-            tl.store(pool_ptr + base + dst * block_stride + dst_offs, x, mask=mask)
+            tl.store(pool_ptr + dst_base + dst_offs, x, mask=mask)
 
 
 @functools.lru_cache(maxsize=256)
 def plan_copy_temporal(
-    num_rows: int, num_layers: int, block_numel: int, itemsize: int
+    num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
 ) -> LaunchPlan:
     """Grid and tiling for the temporal copy: ``num_rows * num_layers`` programs on axis 0,
     the block cut into 4 KiB tiles (one 16-byte vector per thread with 8 warps), four tiles
@@ -110,6 +133,11 @@ def plan_copy_temporal(
     4.00-4.03 TB/s at 64+ rows and 3.77-3.79 TB/s for a single row with one or four tiles
     per program (four: 0.5% slower, but 4x fewer programs to launch when no row copies);
     16-64 KiB tiles or a persistent grid stay at 3.3-3.8 TB/s.
+
+    ``align`` (:func:`pool_align`) is a power of two dividing both pool strides. The kernel
+    states it to the compiler itself, so that the code does not depend on what the launcher
+    specialized: torch's launcher marks integer arguments divisible by 16, jax-triton 0.3
+    does not, and without it the JAX-launched copy used 4-byte instead of 16-byte accesses.
     """
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
     tiles = cdiv(block_numel, tile)
@@ -121,7 +149,8 @@ def plan_copy_temporal(
         inputs=("pool", "src", "dst"),
         scalars=("num_layers", "layer_stride", "block_stride", "block_numel", "num_blocks"),
         outputs=("pool",),
-        constexprs={"TILE": tile, "TILES_PER_PROGRAM": per_program},
+        constexprs={"TILE": tile, "TILES_PER_PROGRAM": per_program, "ALIGN": _pow2(align),
+                    "EVEN": block_numel % (tile * per_program) == 0},
         num_warps=max(1, min(8, tile * itemsize // 512)),
         aliases={"pool": "pool"},
     )
@@ -129,10 +158,13 @@ def plan_copy_temporal(
 
 @functools.lru_cache(maxsize=256)
 def plan_copy_conv(
-    num_rows: int, num_layers: int, width: int, dim: int, itemsize: int, layout: str
+    num_rows: int, num_layers: int, width: int, dim: int, itemsize: int, layout: str,
+    align: int = 1,
 ) -> LaunchPlan:
     """Grid and tiling for the conv shift-copy: rows x layers on axis 0, channel tiles on
-    axis 1; every program covers all ``W`` rows of its channels."""
+    axis 1; every program covers all ``W`` rows of its channels. ``align``
+    (:func:`pool_align`) divides both strides and, in the "SD" layout, ``D``: see
+    :func:`plan_copy_temporal`."""
     if layout not in ("SD", "DS"):
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
     w_pad = next_pow2(width)
@@ -147,7 +179,27 @@ def plan_copy_conv(
         scalars=("num_layers", "layer_stride", "block_stride", "width", "dim", "num_blocks"),
         outputs=("pool",),
         constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "TILES_PER_PROGRAM": per_program,
-                     "LAYOUT_DS": layout == "DS"},
+                     "LAYOUT_DS": layout == "DS", "ALIGN": _pow2(align),
+                     "EVEN_D": dim % (tile_d * per_program) == 0},
         num_warps=4,
         aliases={"pool": "pool"},
     )
+
+
+def _pow2(align: int) -> int:
+    if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
+        raise ValueError(f"align must be a power of two >= 1, got {align!r}")
+    return align
+
+
+def pool_align(scalars: dict, layout: str = "temporal", cap: int = 16) -> int:
+    """The largest power of two ``<= cap`` that divides the layer and block strides of a
+    pool (from :func:`pool_scalars`) and, for an "SD" conv pool, ``dim``: the alignment in
+    elements that the copy kernels may promise the compiler."""
+    values = [scalars["layer_stride"], scalars["block_stride"]]
+    if layout == "SD":
+        values.append(scalars["dim"])
+    align = cap
+    while align > 1 and any(v % align for v in values):
+        align //= 2
+    return align

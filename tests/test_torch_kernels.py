@@ -58,11 +58,12 @@ def random_copy_plan(rng, rows, nb, max_shift):
 @pytest.mark.parametrize("rows", [1, 4, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
-def test_temporal_copy_kernel_is_byte_exact(rows, dtype, index_dtype):
+@pytest.mark.parametrize("block", [(4, 8, 8), (3, 5, 7)])  # aligned whole tiles / neither
+def test_temporal_copy_kernel_is_byte_exact(rows, dtype, index_dtype, block):
     gen = torch.Generator().manual_seed(rows)
     rng = np.random.default_rng(rows)
     nb = 2 * rows + 3
-    pool = random_pool(gen, (3, nb, 4, 8, 8), dtype)
+    pool = random_pool(gen, (3, nb) + block, dtype)
     plan = random_copy_plan(rng, rows, nb, 0)
     want = np_view(pool)
     apply_temporal_copy(want, plan)
@@ -76,10 +77,11 @@ def test_temporal_copy_kernel_is_byte_exact(rows, dtype, index_dtype):
 @pytest.mark.parametrize("layout", ["SD", "DS"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("S", [0, 1, 3])
-def test_conv_copy_kernel_is_byte_exact(rows, layout, dtype, S):
+@pytest.mark.parametrize("D", [40, 64])  # a partial channel tile / whole tiles
+def test_conv_copy_kernel_is_byte_exact(rows, layout, dtype, S, D):
     gen = torch.Generator().manual_seed(7 * rows + S)
     rng = np.random.default_rng(7 * rows + S)
-    nb, K, D = 2 * rows + 3, 4, 40
+    nb, K = 2 * rows + 3, 4
     W = K - 1 + S
     shape = (2, nb, W, D) if layout == "SD" else (2, nb, D, W)
     pool = random_pool(gen, shape, dtype)

@@ -187,7 +187,7 @@ def copy_temporal(pool, src, dst):
         return pool
     scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape))
     out = launch(K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
-                                      jnp.dtype(pool.dtype).itemsize),
+                                      jnp.dtype(pool.dtype).itemsize, K.pool_align(scal)),
                  {"pool": bits, "src": src, "dst": dst}, scal, {})
     return _from_bits(out["pool"], pool)
 
@@ -207,6 +207,7 @@ def copy_conv(pool, src, dst, shift, layout: str):
         return pool
     scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape), layout)
     out = launch(K.plan_copy_conv(src.shape[0], scal["num_layers"], scal["width"], scal["dim"],
-                                  jnp.dtype(pool.dtype).itemsize, layout),
+                                  jnp.dtype(pool.dtype).itemsize, layout,
+                                  K.pool_align(scal, layout)),
                  {"pool": bits, "src": src, "dst": dst, "shift": shift}, scal, {})
     return _from_bits(out["pool"], pool)

@@ -203,7 +203,7 @@ def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
         return
     scal = K.pool_scalars(tuple(bits.shape), bits.stride())
     plan = K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
-                                pool.element_size())
+                                pool.element_size(), K.pool_align(scal))
     _launch(plan, {"pool": bits, "src": src, "dst": dst}, scal)
 
 
@@ -232,7 +232,7 @@ def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: 
         return
     scal = K.pool_scalars(tuple(bits.shape), bits.stride(), layout)
     plan = K.plan_copy_conv(src.shape[0], scal["num_layers"], scal["width"], scal["dim"],
-                            pool.element_size(), layout)
+                            pool.element_size(), layout, K.pool_align(scal, layout))
     _launch(plan, {"pool": bits, "src": src, "dst": dst, "shift": shift}, scal)
 
 
