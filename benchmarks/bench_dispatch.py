@@ -30,6 +30,7 @@ import argparse
 import datetime
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,9 @@ from mamba_align.backends import jax as mj  # noqa: E402
 from mamba_align.backends.torch import StateRunner  # noqa: E402
 from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec  # noqa: E402
 
+SCAN = 16  # steps per jitted lax.scan in the decode-loop variant
+#: XLA flag of the "+cmdbuf" variants: capture even single commands in CUDA graphs
+CMDBUF_FLAGS = "--xla_gpu_graph_min_graph_size=1"
 SLOT_FIELDS = ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write")
 
 
@@ -92,7 +96,9 @@ def enqueue_ms(step: Callable[[Any], Any], carry: Any, sync: Callable[[Any], Any
 
 
 def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
-    """Per-step ms of the jitted step, and the resolved slots (host) after the first step."""
+    """Per-step ms of the jitted step (sustained, dispatch), the same step inside a jitted
+    ``lax.scan`` of ``SCAN`` steps (per step), JAX's own floor (a jitted ``x + 1``), and the
+    resolved slots (host) after the first step."""
     cfg = s["config"]
     J = jnp.asarray  # noqa: N806
     inputs = (J(s["idx_mapping"]), J(s["query_len"]), J(s["is_spec"]), J(s["block_table"]))
@@ -107,11 +113,27 @@ def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
         raise SystemExit("JAX preprocess moved a row: the batch is not crossing-free")
     fn = lambda c: step(c[0], c[1], *inputs, config=cfg, mode="pre-copy")  # noqa: E731
     ms, carry = host_ms(fn, (state, pools, slots), jax.block_until_ready, **timer)
-    enq, (state, _, _) = enqueue_ms(fn, carry, jax.block_until_ready, n=timer["n0"],
-                                    reps=timer["reps"])
+    enq, (state, pools, _) = enqueue_ms(fn, carry, jax.block_until_ready, n=timer["n0"],
+                                        reps=timer["reps"])
+    out = {"jax_jit": (ms, enq)}
+
+    def body(c, _):  # a decode loop: SCAN steps in one jitted call
+        st, p, _slots = mj.preprocess(c[0], c[1], *inputs, cfg, "pre-copy")
+        return (st, p), None
+
+    scan = jax.jit(lambda c: jax.lax.scan(body, c, None, length=SCAN)[0], donate_argnums=0)
+    ms, carry = host_ms(scan, (state, pools), jax.block_until_ready, **timer)
+    enq, (state, pools) = enqueue_ms(scan, carry, jax.block_until_ready, n=max(2, timer["n0"] // 4),
+                                     reps=timer["reps"])
+    out[f"jax_scan{SCAN}_per_step"] = (ms / SCAN, enq / SCAN)
     if not np.array_equal(np.asarray(state.state_idx), seeded):
         raise SystemExit("JAX state_idx changed over repeated steps")
-    return {"jax_jit": (ms, enq)}, first
+    inc = jax.jit(lambda a: a + 1, donate_argnums=0)
+    x = jnp.zeros(64, jnp.int32)
+    ms, x = host_ms(inc, x, jax.block_until_ready, **timer)
+    out["jax_floor_x_plus_1"] = (ms, enqueue_ms(inc, x, jax.block_until_ready, n=timer["n0"],
+                                                reps=timer["reps"])[0])
+    return out, first
 
 
 def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
@@ -155,10 +177,21 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     s = setup(args.small)
     timer = dict(reps=2, n0=2, min_s=0.0) if args.small else dict(reps=5, n0=20, min_s=0.05)
     jax_ms, j_slots = run_jax(s, timer)  # {method: (sustained ms, enqueue ms)}
+    if args.jax_only:  # the child of the command-buffer variant: print and stop
+        print(json.dumps({m: list(v) for m, v in jax_ms.items()}))
+        return {}
     torch_ms, t_slots = run_torch(s, cuda, timer)
     for f in SLOT_FIELDS:
         if not np.array_equal(j_slots[f].astype(np.int64), t_slots[f].astype(np.int64)):
             raise SystemExit(f"JAX and torch disagree on {f}")
+    if cuda:  # XLA flags are read once per process: the variant runs in a child
+        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + CMDBUF_FLAGS).strip())
+        r = subprocess.run([sys.executable, __file__, "--jax-only"], env=env, capture_output=True,
+                           text=True)
+        if r.returncode:
+            raise SystemExit(f"command-buffer variant failed:\n{r.stderr[-3000:]}")
+        child = json.loads(r.stdout.strip().splitlines()[-1])
+        jax_ms.update({f"{m}+cmdbuf": tuple(v) for m, v in child.items()})
     rows = len(s["idx_mapping"])
     records = [{"method": m, "us_per_step": v[0] * 1e3, "dispatch_us": v[1] * 1e3, "rows": rows}
                for m, v in {**jax_ms, **torch_ms}.items()]
@@ -174,12 +207,28 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                  "torch.cuda.synchronize after the last (the slower of host and device); "
                  "medians of " + ("2 repetitions (CPU smoke run)" if args.small
                                   else "5 repetitions of >= 20 calls"),
+        "variants": {f"jax_scan{SCAN}_per_step": f"{SCAN} steps in one jitted lax.scan, "
+                                                  f"divided by {SCAN}",
+                     "jax_floor_x_plus_1": "a jitted, donated x + 1 on int32[64]: what any "
+                                           "jitted call costs on this host",
+                     "+cmdbuf": f"the same in a process with XLA_FLAGS={CMDBUF_FLAGS}"},
+        "cpu": _cpu_name(),
         "config": {"rows": rows, "num_slots": s["slots"], "block_size": cfg.block_size,
                    "num_spec": cfg.num_spec, "num_layers": cfg.num_layers,
                    "num_blocks": s["num_blocks"], "mode": "pre-copy",
                    "pools": {n: list(v) for n, v in pool_shapes(s).items()}},
     }
     return {"header": header, "records": records}
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
+    except OSError:
+        pass
+    return "unknown"
 
 
 def _version(dist: str) -> Optional[str]:
@@ -202,8 +251,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     ap.add_argument("--small", action="store_true",
                     help="CPU smoke run: tiny pools, 2 repetitions of 2 calls")
+    ap.add_argument("--jax-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     data = run(args)
+    if args.jax_only:
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "dispatch_h200.json").write_text(json.dumps(data, indent=1) + "\n")
     print(table(data["records"]))

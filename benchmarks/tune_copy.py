@@ -63,11 +63,43 @@ def persistent_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, bl
                 tl.store(pool_ptr + base + dst * block_stride + offs, x, mask=m)
 
 
+@triton.jit
+def split_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, chunks_per_program,
+               pool_ptr, TILE: tl.constexpr, TPP: tl.constexpr):
+    # one row and layer per program on axis 0; axis 1 splits the block into runs of
+    # chunks_per_program chunks of TPP tiles, copied in a runtime loop (block = whole chunks)
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // num_layers
+    layer = pid % num_layers
+    src = tl.load(src_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    if (src >= 0) & (dst >= 0) & (src != dst):
+        s_off = tl.multiple_of(layer * layer_stride + src * block_stride, 16)
+        d_off = tl.multiple_of(layer * layer_stride + dst * block_stride, 16)
+        first = tl.program_id(1).to(tl.int64) * chunks_per_program
+        for c in range(first, first + chunks_per_program):
+            for t in tl.static_range(TPP):
+                offs = (c * TPP + t) * TILE + tl.arange(0, TILE)
+                x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+                tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+
+
+def split_grid(B: int, L: int, numel: int, tile: int, tpp: int, target: int) -> tuple:
+    chunks = numel // (tile * tpp)
+    split = 1
+    while split < chunks and B * L * split < target:
+        split *= 2
+    return (B * L, split), chunks // split
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     ap.add_argument("--json")
+    ap.add_argument("--split", action="store_true",
+                    help="only the split-grid study: the best tiled variant vs split grids, "
+                         "plus the cost of a launch in which no row copies")
     args = ap.parse_args()
     import mamba_align.backends.torch  # noqa: F401  registers torch.ops.mamba_align
     from mamba_align.backends.torch import ops
@@ -100,10 +132,14 @@ def main() -> None:
         for per_sm in (2, 4, 8, 16):
             for warps in (4, 8):
                 variants.append(("persistent", tile, per_sm, warps, True))
+    if args.split:
+        variants = [("tiled", 1024, 4, 8, True)]
+        variants += [("split", 1024, tpp, 8, target) for tpp in (1, 4)
+                     for target in (2048, 4096, 8192, 16384)]
 
     for B in args.batches:
         perm = torch.randperm(nb - 1, device="cuda") + 1
-        src, dst = perm[:B].contiguous(), perm[B : 2 * B].contiguous()
+        src, dst = perm[:B].clone(), perm[B : 2 * B].clone()  # own storage: src is refilled
         moved = 2 * B * L * numel * 4
         res = []
         for kind, tile, p, warps, hints in variants:
@@ -111,6 +147,10 @@ def main() -> None:
                 grid = (B * L, triton.cdiv(numel, tile * p))
                 fn = lambda: tiled_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), numel,  # noqa: E731
                                               bits, TILE=tile, TPP=p, HINTS=hints, num_warps=warps)
+            elif kind == "split":  # "hints" holds the target program count
+                grid, cpp = split_grid(B, L, numel, tile, p, hints)
+                fn = lambda: split_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), cpp,  # noqa: E731
+                                              bits, TILE=tile, TPP=p, num_warps=warps)
             else:
                 tiles = triton.cdiv(numel, tile)
                 total = B * L * tiles
@@ -121,9 +161,20 @@ def main() -> None:
             fn()
             ms = triton.testing.do_bench_cudagraph(fn, rep=50)
             res.append((2 * 0 + moved / ms / 1e9, kind, tile, p, warps, hints, ms))
+            if args.split:  # the same launch when no row copies (a decode step, mostly)
+                src.fill_(-1)
+                empty = triton.testing.do_bench_cudagraph(fn, rep=20)
+                src.copy_(perm[:B])
+                print(f"  B={B} {kind} tile={tile} p={p} w={warps} {hints}: "
+                      f"{moved / ms / 1e9:.3f} TB/s, empty launch {empty * 1e3:.1f} us")
         res.sort(reverse=True)
         lib = lambda: torch.ops.mamba_align.copy_temporal_(pool, src, dst)  # noqa: E731
         lib_graph = triton.testing.do_bench_cudagraph(lib, rep=50)
+        if args.split:
+            src.fill_(-1)
+            print(f"  B={B} library empty launch "
+                  f"{triton.testing.do_bench_cudagraph(lib, rep=20) * 1e3:.1f} us")
+            src.copy_(perm[:B])
         lib_eager = triton.testing.do_bench(lib, rep=50, return_mode="median")
         print(f"B={B}: library graph {moved / lib_graph / 1e9:.3f} TB/s, eager {moved / lib_eager / 1e9:.3f}")
         for r in res[:8]:

@@ -29,11 +29,13 @@ def copy_temporal_kernel(
     num_blocks,
     pool_ptr,
     TILE: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
+    TILES_PER_CHUNK: tl.constexpr,
+    CHUNKS_PER_PROGRAM: tl.constexpr,
     ALIGN: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    # axis 0: row * L + layer (unbounded), axis 1: a span of TILES_PER_PROGRAM tiles
+    # axis 0: row * L + layer (unbounded); axis 1: a run of CHUNKS_PER_PROGRAM chunks of
+    # TILES_PER_CHUNK tiles, copied in a loop (see plan_copy_temporal for why)
     pid = tl.program_id(0).to(tl.int64)
     row = pid // num_layers
     layer = pid % num_layers
@@ -46,16 +48,18 @@ def copy_temporal_kernel(
         if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
             src_off = tl.multiple_of(src_off, ALIGN)
             dst_off = tl.multiple_of(dst_off, ALIGN)
-        start = tl.program_id(1).to(tl.int64) * (TILE * TILES_PER_PROGRAM)
-        for t in tl.static_range(TILES_PER_PROGRAM):
-            offs = start + t * TILE + tl.arange(0, TILE)
-            if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
-                x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
-                tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
-            else:
-                mask = offs < block_numel
-                x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
-                tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
+        first = tl.program_id(1).to(tl.int64) * CHUNKS_PER_PROGRAM
+        for c in range(first, first + CHUNKS_PER_PROGRAM):
+            for t in tl.static_range(TILES_PER_CHUNK):
+                offs = (c * TILES_PER_CHUNK + t) * TILE + tl.arange(0, TILE)
+                if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
+                    x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
+                    tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
+                else:
+                    mask = offs < block_numel
+                    x = tl.load(pool_ptr + src_off + offs, mask=mask,
+                                eviction_policy="evict_first")
+                    tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
@@ -97,9 +101,9 @@ def copy_conv_kernel(
             dst_base = tl.multiple_of(dst_base, ALIGN)
         w = tl.arange(0, W_PAD).to(tl.int64)
         keep = w + shift < width  # [W_PAD] destination rows that receive a source row
-        for t in tl.static_range(TILES_PER_PROGRAM):
-            d = (tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM + t) * TILE_D \
-                + tl.arange(0, TILE_D)
+        first = tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM
+        for t in range(first, first + TILES_PER_PROGRAM):
+            d = t * TILE_D + tl.arange(0, TILE_D)
             if LAYOUT_DS:  # block [D, W]: shift along the last axis
                 dst_offs = d[:, None] * width + w[None, :]
                 src_offs = dst_offs + shift
@@ -121,18 +125,35 @@ def copy_conv_kernel(
             tl.store(pool_ptr + dst_base + dst_offs, x, mask=mask)
 
 
+#: Programs a copy launch aims for. Every program of a row that copies nothing still
+#: starts and exits (about 0.7 ns of GPU time each on the H200): with one program per
+#: 16 KiB, a decode step in which no row crosses a block cost 179 us at 64 rows and 713 us at
+#: 256 rows of a 36-layer model. Sizing the grid to about this many programs bounds that at
+#: ~12 us, and copies run within 1% of the one-chunk-per-program grid
+#: (``benchmarks/tune_copy.py --split``).
+TARGET_PROGRAMS = 16384
+
+
+def _split(units: int, work: int) -> int:
+    """The smallest power of two ``s <= work`` with ``units * s >= TARGET_PROGRAMS``."""
+    s = 1
+    while s < work and units * s < TARGET_PROGRAMS:
+        s *= 2
+    return min(s, work)
+
+
 @functools.lru_cache(maxsize=256)
 def plan_copy_temporal(
     num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
 ) -> LaunchPlan:
-    """Grid and tiling for the temporal copy: ``num_rows * num_layers`` programs on axis 0,
-    the block cut into 4 KiB tiles (one 16-byte vector per thread with 8 warps), four tiles
-    per program on axis 1 once a block has 64 tiles or more.
+    """Grid and tiling for the temporal copy: ``num_rows * num_layers`` programs on axis 0;
+    the block is cut into 4 KiB tiles (one 16-byte vector per thread with 8 warps), grouped
+    four to a chunk once a block has 64 tiles or more, and axis 1 splits the chunks of a
+    block into as few runs as keep about :data:`TARGET_PROGRAMS` programs in the launch.
 
     Measured on the H200 (``benchmarks/tune_copy.py``, 36 x 2 MiB blocks): 4 KiB tiles reach
-    4.00-4.03 TB/s at 64+ rows and 3.77-3.79 TB/s for a single row with one or four tiles
-    per program (four: 0.5% slower, but 4x fewer programs to launch when no row copies);
-    16-64 KiB tiles or a persistent grid stay at 3.3-3.8 TB/s.
+    3.9-4.0 TB/s at 8+ rows and 3.7 TB/s for a single row; 16-64 KiB tiles or a persistent
+    grid stay at 3.3-3.8 TB/s.
 
     ``align`` (:func:`pool_align`) is a power of two dividing both pool strides. The kernel
     states it to the compiler itself, so that the code does not depend on what the launcher
@@ -141,16 +162,19 @@ def plan_copy_temporal(
     """
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
     tiles = cdiv(block_numel, tile)
-    per_program = 4 if tiles >= 64 else 1
-    per_program = max(per_program, next_pow2(cdiv(tiles, MAX_GRID_YZ)))  # blocks over 1 GiB
+    per_chunk = 4 if tiles >= 64 else 1
+    chunks = cdiv(tiles, per_chunk)
+    split = _split(max(1, num_rows * num_layers), chunks)
+    per_program = cdiv(chunks, split)
     return LaunchPlan(
         kernel=copy_temporal_kernel,
-        grid=(max(1, num_rows * num_layers), cdiv(tiles, per_program)),
+        grid=(max(1, num_rows * num_layers), cdiv(chunks, per_program)),
         inputs=("pool", "src", "dst"),
         scalars=("num_layers", "layer_stride", "block_stride", "block_numel", "num_blocks"),
         outputs=("pool",),
-        constexprs={"TILE": tile, "TILES_PER_PROGRAM": per_program, "ALIGN": _pow2(align),
-                    "EVEN": block_numel % (tile * per_program) == 0},
+        constexprs={"TILE": tile, "TILES_PER_CHUNK": per_chunk, "CHUNKS_PER_PROGRAM": per_program,
+                    "ALIGN": _pow2(align),
+                    "EVEN": block_numel == tile * per_chunk * per_program * cdiv(chunks, per_program)},
         num_warps=max(1, min(8, tile * itemsize // 512)),
         aliases={"pool": "pool"},
     )
@@ -161,16 +185,17 @@ def plan_copy_conv(
     num_rows: int, num_layers: int, width: int, dim: int, itemsize: int, layout: str,
     align: int = 1,
 ) -> LaunchPlan:
-    """Grid and tiling for the conv shift-copy: rows x layers on axis 0, channel tiles on
-    axis 1; every program covers all ``W`` rows of its channels. ``align``
-    (:func:`pool_align`) divides both strides and, in the "SD" layout, ``D``: see
-    :func:`plan_copy_temporal`."""
+    """Grid and tiling for the conv shift-copy: rows x layers on axis 0, runs of channel
+    tiles on axis 1 (as few as keep about :data:`TARGET_PROGRAMS` programs); every program
+    covers all ``W`` rows of its channels. ``align`` (:func:`pool_align`) divides both
+    strides and, in the "SD" layout, ``D``: see :func:`plan_copy_temporal`."""
     if layout not in ("SD", "DS"):
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
     w_pad = next_pow2(width)
     tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
     tiles = cdiv(dim, tile_d)
-    per_program = next_pow2(cdiv(tiles, MAX_GRID_YZ))  # > 1 only for huge D: axis-1 limit
+    split = min(_split(max(1, num_rows * num_layers), tiles), MAX_GRID_YZ)
+    per_program = cdiv(tiles, split)
     grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))
     return LaunchPlan(
         kernel=copy_conv_kernel,
@@ -180,7 +205,7 @@ def plan_copy_conv(
         outputs=("pool",),
         constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "TILES_PER_PROGRAM": per_program,
                      "LAYOUT_DS": layout == "DS", "ALIGN": _pow2(align),
-                     "EVEN_D": dim % (tile_d * per_program) == 0},
+                     "EVEN_D": dim == tile_d * per_program * grid[1]},
         num_warps=4,
         aliases={"pool": "pool"},
     )

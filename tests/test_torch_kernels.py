@@ -110,11 +110,11 @@ def test_copies_leave_untouched_blocks_and_padded_strides_alone():
     assert torch.equal(pool[:, 5], pool[:, 2])
 
 
-def test_temporal_copy_of_large_blocks_uses_multi_tile_programs():
+def test_temporal_copy_of_large_blocks_uses_multi_tile_chunks():
     from mamba_align.kernels import plan_copy_temporal
 
-    numel = 64 * 1024  # 256 KiB fp32: 64 tiles of 4 KiB, four per program
-    assert plan_copy_temporal(2, 1, numel, 4).constexprs["TILES_PER_PROGRAM"] == 4
+    numel = 64 * 1024  # 256 KiB fp32: 64 tiles of 4 KiB, four per chunk
+    assert plan_copy_temporal(2, 1, numel, 4).constexprs["TILES_PER_CHUNK"] == 4
     gen = torch.Generator().manual_seed(5)
     pool = random_pool(gen, (1, 5, 64, 1024), torch.float32).to(DEVICE)
     want = np_view(pool)
@@ -122,4 +122,47 @@ def test_temporal_copy_of_large_blocks_uses_multi_tile_programs():
     apply_temporal_copy(want, plan)
     torch.ops.mamba_align.copy_temporal_(pool, torch.tensor([1, 3], device=DEVICE),
                                          torch.tensor([4, 2], device=DEVICE))
+    assert same_bytes(pool, want)
+
+
+def test_copy_grids_stay_near_the_target_program_count():
+    # An empty decode step launches every program: the grid must not grow with rows x
+    # layers x block size (it used to: 1.2 M programs, 713 us, at 256 rows of 36 x 2 MiB).
+    from mamba_align.kernels import copy as kc
+
+    numel = 32 * 128 * 128
+    for rows in (1, 8, 64, 256, 4096):
+        plan = kc.plan_copy_temporal(rows, 36, numel, 4, 16)
+        programs = plan.grid[0] * plan.grid[1]
+        assert programs <= max(2 * kc.TARGET_PROGRAMS, rows * 36), (rows, plan.grid)
+        c = plan.constexprs
+        assert plan.grid[1] * c["CHUNKS_PER_PROGRAM"] * c["TILES_PER_CHUNK"] * c["TILE"] >= numel
+        assert c["EVEN"]
+        conv = kc.plan_copy_conv(rows, 36, 3, 8192, 2, "SD", 16)
+        assert conv.grid[0] * conv.grid[1] <= max(2 * kc.TARGET_PROGRAMS, rows * 36)
+        assert conv.grid[1] * conv.constexprs["TILES_PER_PROGRAM"] * conv.constexprs["TILE_D"] >= 8192
+    # one row keeps one program per chunk: all the parallelism a single copy has
+    assert kc.plan_copy_temporal(1, 36, numel, 4, 16).grid == (36, 128)
+
+
+def test_temporal_copy_with_several_chunks_per_program_and_a_ragged_block():
+    import dataclasses
+
+    from mamba_align.backends.torch import ops as tops
+    from mamba_align.kernels import plan_copy_temporal, pool_scalars
+
+    numel = 70 * 1024 + 37  # 71 tiles: 18 chunks of 4, the last one partial
+    gen = torch.Generator().manual_seed(9)
+    pool = random_pool(gen, (2, 5, numel), torch.float32).to(DEVICE)
+    want = np_view(pool)
+    plan = CopyPlan(np.array([1, 3]), np.array([1, 3]), np.array([4, 2]), np.zeros(2, np.int64))
+    apply_temporal_copy(want, plan)
+    base = plan_copy_temporal(2, 2, numel, 4)
+    chunks = -(-71 // 4)
+    four = dataclasses.replace(base, grid=(4, -(-chunks // 4)),
+                               constexprs=dict(base.constexprs, CHUNKS_PER_PROGRAM=4, EVEN=False))
+    bits = pool.view(torch.int32)
+    tops._launch(four, {"pool": bits, "src": torch.tensor([1, 3], device=DEVICE),
+                        "dst": torch.tensor([4, 2], device=DEVICE)},
+                 pool_scalars(tuple(bits.shape), bits.stride()))
     assert same_bytes(pool, want)
