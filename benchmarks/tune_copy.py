@@ -65,7 +65,7 @@ def persistent_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, bl
 
 @triton.jit
 def split_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, chunks_per_program,
-               pool_ptr, TILE: tl.constexpr, TPP: tl.constexpr):
+               pool_ptr, TILE: tl.constexpr, TPP: tl.constexpr, STAGES: tl.constexpr):
     # one row and layer per program on axis 0; axis 1 splits the block into runs of
     # chunks_per_program chunks of TPP tiles, copied in a runtime loop (block = whole chunks)
     pid = tl.program_id(0).to(tl.int64)
@@ -77,7 +77,7 @@ def split_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, chunks_
         s_off = tl.multiple_of(layer * layer_stride + src * block_stride, 16)
         d_off = tl.multiple_of(layer * layer_stride + dst * block_stride, 16)
         first = tl.program_id(1).to(tl.int64) * chunks_per_program
-        for c in range(first, first + chunks_per_program):
+        for c in tl.range(first, first + chunks_per_program, num_stages=STAGES):
             for t in tl.static_range(TPP):
                 offs = (c * TPP + t) * TILE + tl.arange(0, TILE)
                 x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
@@ -134,8 +134,10 @@ def main() -> None:
                 variants.append(("persistent", tile, per_sm, warps, True))
     if args.split:
         variants = [("tiled", 1024, 4, 8, True)]
-        variants += [("split", 1024, tpp, 8, target) for tpp in (1, 4)
-                     for target in (2048, 4096, 8192, 16384)]
+        variants.append(("tiled", 1024, 1, 8, True))
+        variants += [("split", 1024, tpp, warps, (16384, None)) for tpp in (4, 8, 16)
+                     for warps in (4, 8)]
+        variants += [("split", 1024, 4, 8, (16384, stages)) for stages in (2, 3)]
 
     for B in args.batches:
         perm = torch.randperm(nb - 1, device="cuda") + 1
@@ -147,10 +149,11 @@ def main() -> None:
                 grid = (B * L, triton.cdiv(numel, tile * p))
                 fn = lambda: tiled_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), numel,  # noqa: E731
                                               bits, TILE=tile, TPP=p, HINTS=hints, num_warps=warps)
-            elif kind == "split":  # "hints" holds the target program count
-                grid, cpp = split_grid(B, L, numel, tile, p, hints)
+            elif kind == "split":  # "hints" holds (target program count, loop stages)
+                grid, cpp = split_grid(B, L, numel, tile, p, hints[0])
                 fn = lambda: split_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), cpp,  # noqa: E731
-                                              bits, TILE=tile, TPP=p, num_warps=warps)
+                                              bits, TILE=tile, TPP=p, STAGES=hints[1],
+                                              num_warps=warps)
             else:
                 tiles = triton.cdiv(numel, tile)
                 total = B * L * tiles
