@@ -86,6 +86,38 @@ def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_strid
 
 
 @triton.jit
+def _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr,
+                     num_rows, num_slots, block_size, bt_stride, max_cols,
+                     src_col_ptr, src_off_ptr, new_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
+                     copy_dst_ptr, copy_shift_ptr, state_idx_ptr, acc_ptr, BLOCK: tl.constexpr):
+    """Step 1 and the pre-copy plan for this program's rows, stored; returns what slot
+    resolution needs: rows, slots, ``live``, query lengths, ``src_col``, ``src_off``,
+    ``new_col`` and the per-slot ``acc`` as left behind (1 on crossing rows)."""
+    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
+    q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
+    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
+    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
+    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
+
+    src_off = tl.where(live, tl.maximum(acc - 1, 0), 0)
+    last = (nc + q + block_size - 1) // block_size - 1
+    new = tl.where(live, tl.maximum(col, last), -1)
+    crossing = live & (col >= 0) & (col != new)
+
+    tl.store(state_idx_ptr + slot, new.to(state_idx_ptr.dtype.element_ty), mask=live)
+    tl.store(acc_ptr + slot, tl.full(r.shape, 1, acc_ptr.dtype.element_ty), mask=crossing)
+    src_col = tl.where(live, col, -1)
+    tl.store(src_col_ptr + r, src_col, mask=in_batch)
+    tl.store(src_off_ptr + r, src_off, mask=in_batch)
+    tl.store(new_col_ptr + r, new, mask=in_batch)
+
+    # the pre-copy: copy_block(src_col, new, src_off) on crossing rows
+    _store_copy_plan(block_table_ptr, slot, col, new, src_off, crossing, bt_stride, max_cols,
+                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
+    return r, in_batch, slot, live, q, src_col, src_off, new, tl.where(crossing, 1, acc)
+
+
+@triton.jit
 def preprocess_kernel(
     idx_mapping_ptr,
     query_len_ptr,
@@ -109,26 +141,10 @@ def preprocess_kernel(
     acc_ptr,
     BLOCK: tl.constexpr,
 ):
-    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
-    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
-    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
-    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
-
-    src_off = tl.where(live, tl.maximum(acc - 1, 0), 0)
-    last = (nc + q + block_size - 1) // block_size - 1
-    new = tl.where(live, tl.maximum(col, last), -1)
-    crossing = live & (col >= 0) & (col != new)
-
-    tl.store(state_idx_ptr + slot, new.to(state_idx_ptr.dtype.element_ty), mask=live)
-    tl.store(acc_ptr + slot, tl.full(r.shape, 1, acc_ptr.dtype.element_ty), mask=crossing)
-    tl.store(src_col_ptr + r, tl.where(live, col, -1), mask=in_batch)
-    tl.store(src_off_ptr + r, src_off, mask=in_batch)
-    tl.store(new_col_ptr + r, new, mask=in_batch)
-
-    # the pre-copy: copy_block(src_col, new, src_off) on crossing rows
-    _store_copy_plan(block_table_ptr, slot, col, new, src_off, crossing, bt_stride, max_cols,
-                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
+    _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr,
+                     num_rows, num_slots, block_size, bt_stride, max_cols,
+                     src_col_ptr, src_off_ptr, new_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
+                     copy_dst_ptr, copy_shift_ptr, state_idx_ptr, acc_ptr, BLOCK)
 
 
 @triton.jit

@@ -201,3 +201,54 @@ def test_three_way_on_random_streams(sc):
     sched = Scheduler(sc["cfg"], sc["num_blocks"], sc["max_num_seqs"], sc["max_num_tokens"], 64,
                       drafter=random_drafter(sc["seed"]))
     TriDriver(sched, sc["mode"], torch.int32, sc["seed"] if sc["pad"] else None).run(sc["arrivals"])
+
+
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_fused_preprocess_resolve_equals_the_two_kernels(mode):
+    """The runners' one-launch step gives what ``preprocess`` then ``resolve`` give."""
+    rng = np.random.default_rng(11)
+    B, S, n_slots, rows, cols = 4, 2, 10, 7, 6
+    idx = rng.permutation(n_slots)[:rows]
+    idx[[1, 4]] = [-1, 99]  # a padded row and an out-of-range slot: both skipped
+    q = rng.integers(1, 1 + S + 1, rows)
+    spec = rng.integers(0, 2, rows).astype(bool)
+    bt = rng.integers(1, 50, (n_slots, cols))
+    nc = rng.integers(0, 3 * B, n_slots)
+    seeded = add_requests(init_slots(n_slots), np.arange(n_slots), nc, B)
+    acc = rng.integers(1, S + 2, n_slots)
+
+    def torch_run(fused):
+        T = lambda a: torch.as_tensor(np.asarray(a), device=DEVICE)  # noqa: E731
+        si, ac, ncs = T(seeded.state_idx).clone(), T(acc).clone(), T(seeded.num_computed)
+        args = (T(idx), T(q))
+        if fused:
+            out = torch.ops.mamba_align.preprocess_resolve_(si, ac, ncs, *args, T(spec), T(bt), B, S,
+                                                            mode == "copy-free")
+        else:
+            pre = torch.ops.mamba_align.preprocess_(si, ac, ncs, *args, T(bt), B)
+            out = pre + torch.ops.mamba_align.resolve(*args, T(spec), T(bt), *pre[:3], ac, S,
+                                                      mode == "copy-free")
+        return [host(x) for x in (si, ac) + tuple(out)]
+
+    def jax_run(fused):
+        J = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
+        st = (J(seeded.state_idx), J(acc), J(seeded.num_computed))
+        if fused:
+            o = mj.ops.preprocess_resolve(*st, J(idx), J(q), jnp.asarray(spec), J(bt), B, S, mode)
+            res = [o[n] for n in ("temporal_read", "conv_read", "conv_read_off", "temporal_write",
+                                  "conv_write")]
+        else:
+            o = mj.ops.preprocess(*st, J(idx), J(q), J(bt), B)
+            res = mj.ops.resolve(J(idx), J(q), jnp.asarray(spec), J(bt), o["src_col"],
+                                 o["src_off"], o["new_col"], o["acc"], S, mode)
+        names = ("state_idx", "acc", "src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc",
+                 "copy_dst", "copy_shift")
+        return [host(o[n]) for n in names] + [host(x) for x in res]
+
+    for run in (torch_run, jax_run):
+        sep, fused = run(False), run(True)
+        assert len(sep) == len(fused) == 14
+        for a, b in zip(sep, fused):
+            assert np.array_equal(a.astype(np.int64), b.astype(np.int64))
+    for a, b in zip(torch_run(True), jax_run(True)):
+        assert np.array_equal(a.astype(np.int64), b.astype(np.int64))

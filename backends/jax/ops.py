@@ -83,9 +83,9 @@ def _row_major(shape) -> Tuple[int, ...]:
 
 
 def _flags(name: str, x, rows: int):
-    """``is_spec`` as int8 0/1 (any nonzero value is true, as in the torch backend)."""
-    index_array(name, x, (rows,), flags=True)
-    return (x != 0).astype(jnp.int8)
+    """Check ``is_spec`` (bool or int: the kernels treat any nonzero value as true, as in
+    the torch backend). Passed as is: a conversion would cost one more XLA kernel."""
+    return index_array(name, x, (rows,), flags=True)
 
 
 def add_requests(state_idx, acc, num_computed, slots, num_computed_new, block_size: int):
@@ -150,6 +150,30 @@ def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_
                         "src_col": src_col, "src_off": src_off, "new_col": new_col, "acc": acc},
                  dict(scal, num_rows=rows), specs)
     return tuple(out[n] for n in plan.outputs)
+
+
+def preprocess_resolve(state_idx, acc, num_computed, idx_mapping, query_len, is_spec,
+                       block_table, block_size: int, num_spec: int,
+                       mode: str) -> Dict[str, jax.Array]:
+    """:func:`preprocess` then :func:`resolve` in one kernel launch: the outputs of both,
+    by name (``state_idx``/``acc`` updated)."""
+    K.check_step_scalars(block_size, num_spec)
+    n_slots = _slots(state_idx, acc, num_computed)
+    index_array("idx_mapping", idx_mapping, (None,))
+    rows = idx_mapping.shape[0]
+    index_array("query_len", query_len, (rows,))
+    is_spec = _flags("is_spec", is_spec, rows)
+    scal = _table(block_table, n_slots)
+    plan = K.plan_preprocess_resolve(max(rows, 1), num_spec, mode)
+    specs = {n: _rows(rows) for n in plan.outputs if n not in plan.aliases}
+    specs["temporal_write"] = _rows(rows, 1 + num_spec)
+    if rows == 0:
+        return dict({n: jnp.zeros(v.shape, v.dtype) for n, v in specs.items()},
+                    state_idx=state_idx, acc=acc)
+    return launch(plan, {"idx_mapping": idx_mapping, "query_len": query_len,
+                         "is_spec": is_spec, "block_table": block_table,
+                         "state_idx": state_idx, "acc": acc, "num_computed": num_computed},
+                  dict(scal, num_rows=rows, block_size=block_size), specs)
 
 
 def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled,

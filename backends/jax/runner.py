@@ -85,16 +85,14 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping, query_len, is_spec,
                config: CacheConfig, mode: str = "pre-copy") -> Tuple[SlotArrays, Pools, JaxSlots]:
     """Bookkeeping, the pre-copy (pre-copy mode) and slot resolution for one step."""
     _check(config, pools, mode)
-    pre = ops.preprocess(*state, idx_mapping, query_len, block_table, config.block_size)
-    state = SlotArrays(pre["state_idx"], pre["acc"], state.num_computed)
+    out = ops.preprocess_resolve(*state, idx_mapping, query_len, is_spec, block_table,
+                                 config.block_size, config.num_spec, mode)
+    state = SlotArrays(out["state_idx"], out["acc"], state.num_computed)
     if mode == "pre-copy":
-        pools = _copy(config, pools, pre["copy_tsrc"], pre["copy_csrc"], pre["copy_dst"],
-                      pre["copy_shift"])
-    t_read, c_read, c_off, t_write, c_write = ops.resolve(
-        idx_mapping, query_len, is_spec, block_table, pre["src_col"], pre["src_off"],
-        pre["new_col"], state.acc, config.num_spec, mode)
-    return state, pools, JaxSlots(t_read, c_read, c_off, t_write, c_write, pre["src_col"],
-                                  pre["src_off"], pre["new_col"])
+        pools = _copy(config, pools, out["copy_tsrc"], out["copy_csrc"], out["copy_dst"],
+                      out["copy_shift"])
+    return state, pools, JaxSlots(*(out[f] for f in JaxSlots._fields[:5]), out["src_col"],
+                                  out["src_off"], out["new_col"])
 
 
 def postprocess(state: SlotArrays, pools: Pools, idx_mapping, query_len, is_spec, num_sampled,

@@ -154,6 +154,41 @@ def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, a
     return e(), e(), e(), e(1 + num_spec), e()
 
 
+# -- preprocess + resolve (one launch) ----------------------------------------------------
+@_op("preprocess_resolve_", ("state_idx", "acc"))
+def preprocess_resolve_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
+                        idx_mapping: torch.Tensor, query_len: torch.Tensor,
+                        is_spec: torch.Tensor, block_table: torch.Tensor, block_size: int,
+                        num_spec: int, copy_free: bool) -> Tuple[(Tensor,) * 12]:
+    """``preprocess_`` then ``resolve`` in one kernel launch (the runner's step). Updates
+    ``state_idx`` / ``acc`` in place and returns the 7 tensors of ``preprocess_`` followed
+    by the 5 of ``resolve``."""
+    K.check_step_scalars(block_size, num_spec)
+    dev = _slot_arrays(state_idx, acc, num_computed)
+    rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
+    index_tensor("idx_mapping", idx_mapping, dev, (None,))
+    index_tensor("query_len", query_len, dev, (rows,))
+    flag_tensor("is_spec", is_spec, rows, dev)
+    scal = _block_table(block_table, dev, state_idx.shape[0])
+    outs = [_rows_like(idx_mapping, rows) for _ in range(11)]
+    outs.insert(10, _rows_like(idx_mapping, rows, 1 + num_spec))  # temporal_write
+    if rows:
+        plan = K.plan_preprocess_resolve(rows, num_spec, "copy-free" if copy_free else "pre-copy")
+        arrays = dict(zip(plan.outputs, outs), idx_mapping=idx_mapping, query_len=query_len,
+                      is_spec=is_spec, block_table=block_table, state_idx=state_idx, acc=acc,
+                      num_computed=num_computed)
+        _launch(plan, arrays, dict(scal, num_rows=rows, block_size=block_size))
+    return tuple(outs)
+
+
+@preprocess_resolve_.register_fake
+def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, block_table, block_size,
+      num_spec, copy_free):
+    rows = idx_mapping.shape[0]
+    e = lambda *s: idx_mapping.new_empty((rows,) + s, dtype=torch.int64)  # noqa: E731
+    return tuple(e() for _ in range(10)) + (e(1 + num_spec), e())
+
+
 # -- postprocess --------------------------------------------------------------------------
 @_op("postprocess_", ("acc", "num_computed"))
 def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,

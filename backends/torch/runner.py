@@ -89,16 +89,13 @@ class StateRunner:
         """Bookkeeping, the pre-copy (pre-copy mode) and slot resolution for one step."""
         self.check_pools(pools)
         cfg = self.config
-        src_col, src_off, new_col, tsrc, csrc, dst, shift = ops.call(
-            "preprocess_", 
-            self.state_idx, self.acc, self.num_computed, idx_mapping, query_len, block_table,
-            cfg.block_size)
+        (src_col, src_off, new_col, tsrc, csrc, dst, shift,
+         t_read, c_read, c_off, t_write, c_write) = ops.call(
+            "preprocess_resolve_", self.state_idx, self.acc, self.num_computed, idx_mapping,
+            query_len, is_spec, block_table, cfg.block_size, cfg.num_spec,
+            self.mode == "copy-free")
         if self.mode == "pre-copy":
             ops.copy_block_plan_(pools, self.kinds, tsrc, csrc, dst, shift)
-        t_read, c_read, c_off, t_write, c_write = ops.call(
-            "resolve", 
-            idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, self.acc,
-            cfg.num_spec, self.mode == "copy-free")
         return TorchSlots(t_read, c_read, c_off, t_write, c_write, src_col, src_off, new_col)
 
     def postprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
