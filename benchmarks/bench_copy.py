@@ -285,7 +285,8 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
             records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The same copies in JAX (pools ``jnp.zeros``, src blocks filled with random values per
     batch): ours (jax-triton) vs an XLA scatter, both jitted with the pool donated. Appends
-    ``timing="jax-host"`` records; returns header fields (empty when JAX is unavailable)."""
+    ``timing="jax-host"`` records and, on the GPU, ``timing="jax-device"`` ones (GPU busy
+    time from a profiler trace); returns header fields (empty when JAX is unavailable)."""
     try:
         import jax
         import jax.numpy as jnp
@@ -378,15 +379,17 @@ def plot(data: Dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series: Dict[tuple, List[tuple]] = {}
     shown = "graph" if any(r.get("timing") == "graph" for r in data["records"]) else "eager"
+    jax_timing = "jax-device" if any(r.get("timing") == "jax-device" for r in data["records"]) \
+        else "jax-host"
     for r in data["records"]:
         timing = r.get("timing", "eager")
-        if timing in (shown, "jax-host"):
+        if timing in (shown, jax_timing) and r["method"] != "ours_no_copy":
             series.setdefault((r["pool"], r["method"], timing), []).append((r["batch"], r["tbps"]))
     for (pool, method, timing), pts in series.items():
         pts.sort()
-        host = timing == "jax-host"
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if host else "-",
-                label=f"{pool}: {method}" + (" (host timer)" if host else ""))
+        jx = timing.startswith("jax")
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", linestyle="--" if jx else "-",
+                label=f"{pool}: {method}" + (f" ({timing})" if jx else ""))
     d2d = data["header"]["d2d"]["tbps"]
     ax.axhline(d2d, color="black", linestyle="--", label=f"d2d copy_ ({d2d:.2f} TB/s)")
     ax.set_xscale("log", base=2)

@@ -176,3 +176,38 @@ def test_jax_errors():
     with pytest.raises(TypeError, match="scalar"):
         from mamba_align import kernels as K
         mj.launch(K.plan_add_requests(1), {}, {"num_new": 1.5}, {})
+
+
+@pytest.mark.parametrize("version, key", [((0, 3), "out_shape"), ((0, 4), "out_type")])
+def test_bridge_speaks_the_jax_triton_api_of_its_version(monkeypatch, version, key):
+    """The GPU branch of ``bridge.launch``, with a stand-in for jax_triton (which cannot be
+    imported without a GPU, and whose 0.4.x needs a newer triton than the GPU image has):
+    arrays then scalars positionally, aliases as indices of the input arrays, the output
+    shapes under the keyword of that version."""
+    from mamba_align import kernels as K
+    from mamba_align.backends.jax import bridge
+
+    calls = []
+
+    class FakeJaxTriton:
+        @staticmethod
+        def triton_call(*args, **kw):
+            calls.append((args, kw))
+            return [jnp.zeros(s.shape, s.dtype) for s in kw[key]]
+
+    monkeypatch.setattr(bridge, "on_gpu", lambda: True)
+    monkeypatch.setattr(bridge, "_JT", FakeJaxTriton)
+    monkeypatch.setattr(bridge, "_JT_VERSION", version)
+    pool, src, dst = jnp.zeros((2, 5, 64), jnp.int32), jnp.array([1, 2]), jnp.array([3, 4])
+    scal = K.pool_scalars(tuple(pool.shape), (5 * 64, 64, 1))
+    p = K.plan_copy_temporal(2, 2, 64, 4, K.pool_align(scal))
+    out = jax.jit(lambda a, s, d: bridge.launch(p, {"pool": a, "src": s, "dst": d}, scal, {}))(
+        pool, src, dst)
+    args, kw = calls[-1]
+    assert out["pool"].shape == pool.shape
+    assert len(args) == 3 + len(p.scalars) and args[3:] == tuple(scal[n] for n in p.scalars)
+    assert kw["input_output_aliases"] == {0: 0}  # pool: input 0 -> output 0
+    assert [tuple(s.shape) for s in kw[key]] == [pool.shape]
+    assert ({"out_shape", "out_type"} - {key}).isdisjoint(kw)
+    assert kw["kernel"] is p.kernel and kw["grid"] == p.grid and kw["num_warps"] == p.num_warps
+    assert all(kw[c] == v for c, v in p.constexprs.items())
