@@ -57,6 +57,7 @@ from make_benchmarks_md import tables_md  # noqa: E402
 from jax_device_time import device_ms  # noqa: E402
 
 GIB = 1 << 30
+FEW = 4  # rows that copy in the "few rows cross" decode case
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -248,6 +249,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         ms = bench_ms(lambda: tops.call("copy_temporal_", temporal, none, dst), cuda, graph=cuda)
         records.append(record("ours_no_copy", "temporal", b, L, 0, ms, "graph" if cuda else "eager"))
         show(records[-1])
+        if b > FEW:  # a decode step in which a few of the B rows cross a block boundary
+            few = none.clone()
+            few[:FEW] = src[:FEW]
+            ms = bench_ms(lambda: tops.call("copy_temporal_", temporal, few, dst), cuda, graph=cuda)
+            records.append(record(f"ours_{FEW}_rows_copy", "temporal", b, L, 2 * FEW * L * t_bytes,
+                                  ms, "graph" if cuda else "eager"))
+            show(records[-1])
 
     del temporal, conv, cases
     free(cuda)

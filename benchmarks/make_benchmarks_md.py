@@ -73,8 +73,9 @@ def tables_md(data: Dict[str, Any]) -> str:
         f"Temporal pool, {_timing(data)} timing (eager: host launch included):",
         "",
         "| B | MB moved | ours TB/s | ours eager TB/s | torch indexing TB/s | index_copy_ TB/s "
-        "| ours / indexing | ours / index_copy_ | % of d2d | no row copies: µs |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ours / indexing | ours / index_copy_ | % of d2d | no row copies: µs "
+        "| 4 of the B rows copy: µs (TB/s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for b in batches(data):
         ours = _tbps(rec, "temporal", "ours", b)
@@ -88,7 +89,8 @@ def tables_md(data: Dict[str, Any]) -> str:
             f"| {b} | {_fmt(mb, '.1f')} | {_fmt(ours)} | {_fmt(ours_eager)} | {_fmt(idx)} | {_fmt(ic)} "
             f"| {_fmt(_ratio(ours, idx), '.2f', 'x')} | {_fmt(_ratio(ours, ic), '.2f', 'x')} "
             f"| {_fmt(None if pct is None else 100 * pct, '.0f', '%')} "
-            f"| {_fmt(empty and empty['ms'] * 1e3, '.1f')} |"
+            f"| {_fmt(empty and empty['ms'] * 1e3, '.1f')} "
+            f"| {_few(rec.get(('temporal', 'ours_4_rows_copy', b)))} |"
         )
     lines += [
         "",
@@ -107,6 +109,10 @@ def tables_md(data: Dict[str, Any]) -> str:
             f"| {_fmt(comb and comb['ms'], '.4f')} | {_fmt(comb and comb['tbps'])} |"
         )
     return "\n".join(lines) + "\n\n" + jax_table_md(data)
+
+
+def _few(r: Optional[Dict[str, Any]]) -> str:
+    return "n/a" if r is None else f"{r['ms'] * 1e3:.1f} ({r['tbps']:.2f})"
 
 
 def _pct(x: Optional[float]) -> Optional[float]:
