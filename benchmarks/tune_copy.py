@@ -84,6 +84,45 @@ def split_copy(src_ptr, dst_ptr, num_layers, layer_stride, block_stride, chunks_
                 tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
 
 
+@triton.jit
+def group_copy(src_ptr, dst_ptr, num_rows, layer_stride, block_stride, pool_ptr,
+               TILE: tl.constexpr, TPP: tl.constexpr, R: tl.constexpr):
+    # axis 0: a chunk of TPP tiles, axis 1: layer, axis 2: a group of R rows. The program
+    # copies its chunk of its layer for every row of its group that copies, visiting only
+    # those rows (a min-reduction finds the next one), so a few copying rows among many
+    # still spread over every chunk and layer.
+    chunk = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(2).to(tl.int64) * R + tl.arange(0, R)
+    inb = rows < num_rows
+    s = tl.load(src_ptr + rows, mask=inb, other=-1).to(tl.int64)
+    d = tl.load(dst_ptr + rows, mask=inb, other=-1).to(tl.int64)
+    ok = inb & (s >= 0) & (d >= 0) & (s != d)
+    BIG: tl.constexpr = 1 << 62
+    todo = tl.where(ok, rows, BIG)
+    n = tl.sum(ok.to(tl.int32))
+    base = layer * layer_stride
+    for _ in range(n):
+        row = tl.min(todo)
+        todo = tl.where(todo == row, BIG, todo)
+        src = tl.load(src_ptr + row).to(tl.int64)
+        dst = tl.load(dst_ptr + row).to(tl.int64)
+        s_off = tl.multiple_of(base + src * block_stride, 16)
+        d_off = tl.multiple_of(base + dst * block_stride, 16)
+        for t in tl.static_range(TPP):
+            offs = (chunk * TPP + t) * TILE + tl.arange(0, TILE)
+            x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+            tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+
+
+def group_grid(B: int, L: int, numel: int, tile: int, tpp: int, target: int) -> tuple:
+    chunks = numel // (tile * tpp)
+    r = 1
+    while r < B and chunks * L * triton.cdiv(B, r) > target:
+        r *= 2
+    return (chunks, L, triton.cdiv(B, r)), r
+
+
 def split_grid(B: int, L: int, numel: int, tile: int, tpp: int, target: int) -> tuple:
     chunks = numel // (tile * tpp)
     split = 1
@@ -134,10 +173,9 @@ def main() -> None:
                 variants.append(("persistent", tile, per_sm, warps, True))
     if args.split:
         variants = [("tiled", 1024, 4, 8, True)]
-        variants.append(("tiled", 1024, 1, 8, True))
-        variants += [("split", 1024, tpp, warps, (16384, None)) for tpp in (4, 8, 16)
-                     for warps in (4, 8)]
-        variants += [("split", 1024, 4, 8, (16384, stages)) for stages in (2, 3)]
+        variants += [("split", 1024, 4, 8, (16384, None))]
+        variants += [("group", 1024, tpp, 8, target) for tpp in (1, 4)
+                     for target in (4096, 16384)]
 
     for B in args.batches:
         perm = torch.randperm(nb - 1, device="cuda") + 1
@@ -149,6 +187,10 @@ def main() -> None:
                 grid = (B * L, triton.cdiv(numel, tile * p))
                 fn = lambda: tiled_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), numel,  # noqa: E731
                                               bits, TILE=tile, TPP=p, HINTS=hints, num_warps=warps)
+            elif kind == "group":  # "hints" holds the target program count
+                grid, r = group_grid(B, L, numel, tile, p, hints)
+                fn = lambda: group_copy[grid](src, dst, B, bits.stride(0), bits.stride(1), bits,  # noqa: E731
+                                              TILE=tile, TPP=p, R=r, num_warps=warps)
             elif kind == "split":  # "hints" holds (target program count, loop stages)
                 grid, cpp = split_grid(B, L, numel, tile, p, hints[0])
                 fn = lambda: split_copy[grid](src, dst, L, bits.stride(0), bits.stride(1), cpp,  # noqa: E731
@@ -164,12 +206,17 @@ def main() -> None:
             fn()
             ms = triton.testing.do_bench_cudagraph(fn, rep=50)
             res.append((2 * 0 + moved / ms / 1e9, kind, tile, p, warps, hints, ms))
-            if args.split:  # the same launch when no row copies (a decode step, mostly)
+            if args.split:  # the same launch when no row / 4 rows copy (decode steps)
                 src.fill_(-1)
                 empty = triton.testing.do_bench_cudagraph(fn, rep=20)
+                few = ""
+                if B > 4:
+                    src[:4] = perm[:4]
+                    f_ms = triton.testing.do_bench_cudagraph(fn, rep=20)
+                    few = f", 4 rows copy {f_ms * 1e3:.1f} us ({moved * 4 / B / f_ms / 1e9:.2f} TB/s)"
                 src.copy_(perm[:B])
                 print(f"  B={B} {kind} tile={tile} p={p} w={warps} {hints}: "
-                      f"{moved / ms / 1e9:.3f} TB/s, empty launch {empty * 1e3:.1f} us")
+                      f"{moved / ms / 1e9:.3f} TB/s, empty launch {empty * 1e3:.1f} us{few}")
         res.sort(reverse=True)
         lib = lambda: torch.ops.mamba_align.copy_temporal_(pool, src, dst)  # noqa: E731
         lib_graph = triton.testing.do_bench_cudagraph(lib, rep=50)

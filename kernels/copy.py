@@ -22,44 +22,47 @@ def copy_temporal_kernel(
     pool_in_ptr,  # aliased with pool_ptr; read and written through pool_ptr
     src_ptr,  # [rows] physical source block (the accepted candidate), -1 = no copy
     dst_ptr,  # [rows] physical destination block
-    num_layers,
+    num_rows,
     layer_stride,
     block_stride,
     block_numel,
     num_blocks,
     pool_ptr,
     TILE: tl.constexpr,
-    TILES_PER_CHUNK: tl.constexpr,
-    CHUNKS_PER_PROGRAM: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
     ALIGN: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    # axis 0: row * L + layer (unbounded); axis 1: a run of CHUNKS_PER_PROGRAM chunks of
-    # TILES_PER_CHUNK tiles, copied in a loop (see plan_copy_temporal for why)
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // num_layers
-    layer = pid % num_layers
-    src = tl.load(src_ptr + row).to(tl.int64)
-    dst = tl.load(dst_ptr + row).to(tl.int64)
-    ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks) & (src != dst)
-    if ok:
-        src_off = layer * layer_stride + src * block_stride
-        dst_off = layer * layer_stride + dst * block_stride
+    # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows.
+    # The program copies its tile of its layer for each row of its group that copies, and
+    # visits only those rows: a few copying rows among many still spread over all tiles
+    # and layers, and a launch in which no row copies is one vector load per program.
+    tile = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    in_batch = rows < num_rows
+    src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
+    dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
+    ok = in_batch & (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
+    ok = ok & (src != dst)
+    NONE: tl.constexpr = 1 << 62
+    todo = tl.where(ok, rows, NONE)
+    offs = tile * TILE + tl.arange(0, TILE)
+    for _ in range(tl.sum(ok.to(tl.int32))):
+        row = tl.min(todo)  # the next row that copies
+        todo = tl.where(todo == row, NONE, todo)
+        src_off = layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride
+        dst_off = layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride
         if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
             src_off = tl.multiple_of(src_off, ALIGN)
             dst_off = tl.multiple_of(dst_off, ALIGN)
-        first = tl.program_id(1).to(tl.int64) * CHUNKS_PER_PROGRAM
-        for c in range(first, first + CHUNKS_PER_PROGRAM):
-            for t in tl.static_range(TILES_PER_CHUNK):
-                offs = (c * TILES_PER_CHUNK + t) * TILE + tl.arange(0, TILE)
-                if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
-                    x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
-                    tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
-                else:
-                    mask = offs < block_numel
-                    x = tl.load(pool_ptr + src_off + offs, mask=mask,
-                                eviction_policy="evict_first")
-                    tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
+        if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
+            x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
+        else:
+            mask = offs < block_numel
+            x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
@@ -125,19 +128,20 @@ def copy_conv_kernel(
             tl.store(pool_ptr + dst_base + dst_offs, x, mask=mask)
 
 
-#: Programs a copy launch aims for. Every program of a row that copies nothing still
-#: starts and exits (about 0.7 ns of GPU time each on the H200): with one program per
-#: 16 KiB, a decode step in which no row crosses a block cost 179 us at 64 rows and 713 us at
-#: 256 rows of a 36-layer model. Sizing the grid to about this many programs bounds that at
-#: ~12 us, and copies run within 1% of the one-chunk-per-program grid
-#: (``benchmarks/tune_copy.py --split``).
-TARGET_PROGRAMS = 16384
+#: Programs a copy launch aims for. Every program starts and exits even when its rows copy
+#: nothing (about 0.7 ns of GPU time each on the H200): with one program per row and
+#: 16 KiB, a decode step in which no row crosses cost 179 us at 64 rows and 713 us at 256
+#: rows of a 36-layer model. The temporal grid groups rows instead (``benchmarks/
+#: tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows among 256 at
+#: 3.97 TB/s); the conv grid runs several channel tiles per program.
+TEMPORAL_PROGRAMS = 4096
+CONV_PROGRAMS = 16384
 
 
-def _split(units: int, work: int) -> int:
-    """The smallest power of two ``s <= work`` with ``units * s >= TARGET_PROGRAMS``."""
+def _split(units: int, work: int, target: int) -> int:
+    """The smallest power of two ``s <= work`` with ``units * s >= target``."""
     s = 1
-    while s < work and units * s < TARGET_PROGRAMS:
+    while s < work and units * s < target:
         s *= 2
     return min(s, work)
 
@@ -146,14 +150,10 @@ def _split(units: int, work: int) -> int:
 def plan_copy_temporal(
     num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
 ) -> LaunchPlan:
-    """Grid and tiling for the temporal copy: ``num_rows * num_layers`` programs on axis 0;
-    the block is cut into 4 KiB tiles (one 16-byte vector per thread with 8 warps), grouped
-    four to a chunk once a block has 64 tiles or more, and axis 1 splits the chunks of a
-    block into as few runs as keep about :data:`TARGET_PROGRAMS` programs in the launch.
-
-    Measured on the H200 (``benchmarks/tune_copy.py``, 36 x 2 MiB blocks): 4 KiB tiles reach
-    3.9-4.0 TB/s at 8+ rows and 3.7 TB/s for a single row; 16-64 KiB tiles or a persistent
-    grid stay at 3.3-3.8 TB/s.
+    """Grid and tiling for the temporal copy: 4 KiB tiles (one 16-byte vector per thread
+    with 8 warps) on axis 0, layers on axis 1, groups of rows on axis 2, as few rows per
+    group as keep the launch near :data:`TEMPORAL_PROGRAMS` programs (at least one program
+    per tile and layer).
 
     ``align`` (:func:`pool_align`) is a power of two dividing both pool strides. The kernel
     states it to the compiler itself, so that the code does not depend on what the launcher
@@ -161,20 +161,18 @@ def plan_copy_temporal(
     does not, and without it the JAX-launched copy used 4-byte instead of 16-byte accesses.
     """
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
-    tiles = cdiv(block_numel, tile)
-    per_chunk = 4 if tiles >= 64 else 1
-    chunks = cdiv(tiles, per_chunk)
-    split = _split(max(1, num_rows * num_layers), chunks)
-    per_program = cdiv(chunks, split)
+    tiles, layers, rows = cdiv(block_numel, tile), max(1, num_layers), max(1, num_rows)
+    per_program = 1
+    while per_program < rows and tiles * layers * cdiv(rows, per_program) > TEMPORAL_PROGRAMS:
+        per_program *= 2
     return LaunchPlan(
         kernel=copy_temporal_kernel,
-        grid=(max(1, num_rows * num_layers), cdiv(chunks, per_program)),
+        grid=(tiles, layers, cdiv(rows, per_program)),
         inputs=("pool", "src", "dst"),
-        scalars=("num_layers", "layer_stride", "block_stride", "block_numel", "num_blocks"),
+        scalars=("num_rows", "layer_stride", "block_stride", "block_numel", "num_blocks"),
         outputs=("pool",),
-        constexprs={"TILE": tile, "TILES_PER_CHUNK": per_chunk, "CHUNKS_PER_PROGRAM": per_program,
-                    "ALIGN": _pow2(align),
-                    "EVEN": block_numel == tile * per_chunk * per_program * cdiv(chunks, per_program)},
+        constexprs={"TILE": tile, "ROWS_PER_PROGRAM": per_program, "ALIGN": _pow2(align),
+                    "EVEN": block_numel % tile == 0},
         num_warps=max(1, min(8, tile * itemsize // 512)),
         aliases={"pool": "pool"},
     )
@@ -186,7 +184,7 @@ def plan_copy_conv(
     align: int = 1,
 ) -> LaunchPlan:
     """Grid and tiling for the conv shift-copy: rows x layers on axis 0, runs of channel
-    tiles on axis 1 (as few as keep about :data:`TARGET_PROGRAMS` programs); every program
+    tiles on axis 1 (as few as keep about :data:`CONV_PROGRAMS` programs); every program
     covers all ``W`` rows of its channels. ``align`` (:func:`pool_align`) divides both
     strides and, in the "SD" layout, ``D``: see :func:`plan_copy_temporal`."""
     if layout not in ("SD", "DS"):
@@ -194,7 +192,7 @@ def plan_copy_conv(
     w_pad = next_pow2(width)
     tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
     tiles = cdiv(dim, tile_d)
-    split = min(_split(max(1, num_rows * num_layers), tiles), MAX_GRID_YZ)
+    split = min(_split(max(1, num_rows * num_layers), tiles, CONV_PROGRAMS), MAX_GRID_YZ)
     per_program = cdiv(tiles, split)
     grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))
     return LaunchPlan(

@@ -40,7 +40,7 @@ out = {}
 shape = (4, 9, 32, 128, 128)
 scal = K.pool_scalars(shape, (9 * 32 * 128 * 128, 32 * 128 * 128, 128 * 128, 128, 1))
 plan = K.plan_copy_temporal(8, 4, scal["block_numel"], 4, K.pool_align(scal))
-sig = {"pool_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "num_layers": "i32",
+sig = {"pool_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "num_rows": "i32",
        "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
        "num_blocks": "i32", "pool_ptr": "*i32"}
 ints = ["layer_stride", "block_stride", "block_numel"]

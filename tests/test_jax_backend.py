@@ -199,7 +199,7 @@ def test_bridge_speaks_the_jax_triton_api_of_its_version(monkeypatch, version, k
     monkeypatch.setattr(bridge, "_JT", FakeJaxTriton)
     monkeypatch.setattr(bridge, "_JT_VERSION", version)
     pool, src, dst = jnp.zeros((2, 5, 64), jnp.int32), jnp.array([1, 2]), jnp.array([3, 4])
-    scal = K.pool_scalars(tuple(pool.shape), (5 * 64, 64, 1))
+    scal = dict(K.pool_scalars(tuple(pool.shape), (5 * 64, 64, 1)), num_rows=2)
     p = K.plan_copy_temporal(2, 2, 64, 4, K.pool_align(scal))
     out = jax.jit(lambda a, s, d: bridge.launch(p, {"pool": a, "src": s, "dst": d}, scal, {}))(
         pool, src, dst)

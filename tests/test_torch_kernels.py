@@ -110,21 +110,6 @@ def test_copies_leave_untouched_blocks_and_padded_strides_alone():
     assert torch.equal(pool[:, 5], pool[:, 2])
 
 
-def test_temporal_copy_of_large_blocks_uses_multi_tile_chunks():
-    from mamba_align.kernels import plan_copy_temporal
-
-    numel = 64 * 1024  # 256 KiB fp32: 64 tiles of 4 KiB, four per chunk
-    assert plan_copy_temporal(2, 1, numel, 4).constexprs["TILES_PER_CHUNK"] == 4
-    gen = torch.Generator().manual_seed(5)
-    pool = random_pool(gen, (1, 5, 64, 1024), torch.float32).to(DEVICE)
-    want = np_view(pool)
-    plan = CopyPlan(np.array([1, 3]), np.array([1, 3]), np.array([4, 2]), np.zeros(2, np.int64))
-    apply_temporal_copy(want, plan)
-    torch.ops.mamba_align.copy_temporal_(pool, torch.tensor([1, 3], device=DEVICE),
-                                         torch.tensor([4, 2], device=DEVICE))
-    assert same_bytes(pool, want)
-
-
 def test_copy_grids_stay_near_the_target_program_count():
     # An empty decode step launches every program: the grid must not grow with rows x
     # layers x block size (it used to: 1.2 M programs, 713 us, at 256 rows of 36 x 2 MiB).
@@ -133,36 +118,41 @@ def test_copy_grids_stay_near_the_target_program_count():
     numel = 32 * 128 * 128
     for rows in (1, 8, 64, 256, 4096):
         plan = kc.plan_copy_temporal(rows, 36, numel, 4, 16)
-        programs = plan.grid[0] * plan.grid[1]
-        assert programs <= max(2 * kc.TARGET_PROGRAMS, rows * 36), (rows, plan.grid)
-        c = plan.constexprs
-        assert plan.grid[1] * c["CHUNKS_PER_PROGRAM"] * c["TILES_PER_CHUNK"] * c["TILE"] >= numel
-        assert c["EVEN"]
+        tiles, layers, groups = plan.grid
+        assert (tiles, layers) == (512, 36) and groups == 1  # one program per tile and layer
+        assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
         conv = kc.plan_copy_conv(rows, 36, 3, 8192, 2, "SD", 16)
-        assert conv.grid[0] * conv.grid[1] <= max(2 * kc.TARGET_PROGRAMS, rows * 36)
+        assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
         assert conv.grid[1] * conv.constexprs["TILES_PER_PROGRAM"] * conv.constexprs["TILE_D"] >= 8192
-    # one row keeps one program per chunk: all the parallelism a single copy has
-    assert kc.plan_copy_temporal(1, 36, numel, 4, 16).grid == (36, 128)
+    # small blocks: rows spread over programs up to the target
+    plan = kc.plan_copy_temporal(64, 2, 4096, 4, 16)
+    assert plan.grid == (4, 2, 64) and plan.constexprs["ROWS_PER_PROGRAM"] == 1
+    plan = kc.plan_copy_temporal(10_000, 2, 4096, 4, 16)
+    assert plan.grid[0] * plan.grid[1] * plan.grid[2] <= kc.TEMPORAL_PROGRAMS
 
 
-def test_temporal_copy_with_several_chunks_per_program_and_a_ragged_block():
+@pytest.mark.parametrize("rows_per_program", [1, 4, 16])
+def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program):
     import dataclasses
 
     from mamba_align.backends.torch import ops as tops
     from mamba_align.kernels import plan_copy_temporal, pool_scalars
 
-    numel = 70 * 1024 + 37  # 71 tiles: 18 chunks of 4, the last one partial
+    numel = 3 * 1024 + 37  # four 4 KiB tiles, the last one partial
     gen = torch.Generator().manual_seed(9)
-    pool = random_pool(gen, (2, 5, numel), torch.float32).to(DEVICE)
+    rows, nb = 11, 26
+    pool = random_pool(gen, (2, nb, numel), torch.float32).to(DEVICE)
+    rng = np.random.default_rng(rows_per_program)
+    plan = random_copy_plan(rng, rows, nb, 0)
     want = np_view(pool)
-    plan = CopyPlan(np.array([1, 3]), np.array([1, 3]), np.array([4, 2]), np.zeros(2, np.int64))
     apply_temporal_copy(want, plan)
-    base = plan_copy_temporal(2, 2, numel, 4)
-    chunks = -(-71 // 4)
-    four = dataclasses.replace(base, grid=(4, -(-chunks // 4)),
-                               constexprs=dict(base.constexprs, CHUNKS_PER_PROGRAM=4, EVEN=False))
+    base = plan_copy_temporal(rows, 2, numel, 4)
+    assert not base.constexprs["EVEN"]
+    grouped = dataclasses.replace(
+        base, grid=base.grid[:2] + (-(-rows // rows_per_program),),
+        constexprs=dict(base.constexprs, ROWS_PER_PROGRAM=rows_per_program))
     bits = pool.view(torch.int32)
-    tops._launch(four, {"pool": bits, "src": torch.tensor([1, 3], device=DEVICE),
-                        "dst": torch.tensor([4, 2], device=DEVICE)},
-                 pool_scalars(tuple(bits.shape), bits.stride()))
+    idx = lambda a: torch.as_tensor(a, device=DEVICE)  # noqa: E731
+    tops._launch(grouped, {"pool": bits, "src": idx(plan.temporal_src), "dst": idx(plan.dst)},
+                 dict(pool_scalars(tuple(bits.shape), bits.stride()), num_rows=rows))
     assert same_bytes(pool, want)

@@ -212,7 +212,7 @@ def copy_temporal(pool, src, dst):
     scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape))
     out = launch(K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
                                       jnp.dtype(pool.dtype).itemsize, K.pool_align(scal)),
-                 {"pool": bits, "src": src, "dst": dst}, scal, {})
+                 {"pool": bits, "src": src, "dst": dst}, dict(scal, num_rows=src.shape[0]), {})
     return _from_bits(out["pool"], pool)
 
 

@@ -239,7 +239,7 @@ def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
     scal = K.pool_scalars(tuple(bits.shape), bits.stride())
     plan = K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
                                 pool.element_size(), K.pool_align(scal))
-    _launch(plan, {"pool": bits, "src": src, "dst": dst}, scal)
+    _launch(plan, {"pool": bits, "src": src, "dst": dst}, dict(scal, num_rows=src.shape[0]))
 
 
 @copy_temporal_.register_fake
