@@ -136,6 +136,8 @@ def copy_conv_kernel(
 #: 3.97 TB/s); the conv grid runs several channel tiles per program.
 TEMPORAL_PROGRAMS = 4096
 CONV_PROGRAMS = 16384
+#: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
+MAX_ROWS_PER_PROGRAM = 1024
 
 
 def _split(units: int, work: int, target: int) -> int:
@@ -162,8 +164,9 @@ def plan_copy_temporal(
     """
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
     tiles, layers, rows = cdiv(block_numel, tile), max(1, num_layers), max(1, num_rows)
-    per_program = 1
-    while per_program < rows and tiles * layers * cdiv(rows, per_program) > TEMPORAL_PROGRAMS:
+    per_program = 1  # a power of two (a tl.arange), at most MAX_ROWS_PER_PROGRAM
+    while (per_program < min(rows, MAX_ROWS_PER_PROGRAM)
+           and tiles * layers * cdiv(rows, per_program) > TEMPORAL_PROGRAMS):
         per_program *= 2
     return LaunchPlan(
         kernel=copy_temporal_kernel,

@@ -47,7 +47,7 @@ def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
 
 
 def test_grid_beyond_65535_request_layer_programs():
-    rows, L = 2_100, 40  # 84 000 programs on axis 0
+    rows, L = 2_100, 40  # conv copy: 84 000 programs on axis 0; temporal: 66 groups of 32 rows
     pool = torch.randn((L, 2 * rows + 1, 8, 16), device=DEV)
     conv = torch.randn((L, 2 * rows + 1, 16, 5), device=DEV)  # DS, W = 5
     perm = torch.randperm(2 * rows, device=DEV) + 1

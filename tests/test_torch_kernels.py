@@ -119,7 +119,8 @@ def test_copy_grids_stay_near_the_target_program_count():
     for rows in (1, 8, 64, 256, 4096):
         plan = kc.plan_copy_temporal(rows, 36, numel, 4, 16)
         tiles, layers, groups = plan.grid
-        assert (tiles, layers) == (512, 36) and groups == 1  # one program per tile and layer
+        # one program per tile and layer (per 1024 rows for huge batches)
+        assert (tiles, layers) == (512, 36) and groups == -(-rows // kc.MAX_ROWS_PER_PROGRAM)
         assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
         conv = kc.plan_copy_conv(rows, 36, 3, 8192, 2, "SD", 16)
         assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
@@ -129,6 +130,10 @@ def test_copy_grids_stay_near_the_target_program_count():
     assert plan.grid == (4, 2, 64) and plan.constexprs["ROWS_PER_PROGRAM"] == 1
     plan = kc.plan_copy_temporal(10_000, 2, 4096, 4, 16)
     assert plan.grid[0] * plan.grid[1] * plan.grid[2] <= kc.TEMPORAL_PROGRAMS
+    # a huge batch: rows per program capped (they live in registers), groups stay in the grid
+    plan = kc.plan_copy_temporal(3_000_000, 36, numel, 4, 16)
+    assert plan.constexprs["ROWS_PER_PROGRAM"] == kc.MAX_ROWS_PER_PROGRAM
+    assert plan.grid[2] * kc.MAX_ROWS_PER_PROGRAM >= 3_000_000 and plan.grid[2] <= 65_535
 
 
 @pytest.mark.parametrize("rows_per_program", [1, 4, 16])
