@@ -129,11 +129,12 @@ def copy_conv_kernel(
 
 
 #: Programs a copy launch aims for. Every program starts and exits even when its rows copy
-#: nothing (about 0.7 ns of GPU time each on the H200): with one program per row and
+#: nothing (0.6-0.7 ns of GPU time each on the H200): with one program per row, layer and
 #: 16 KiB, a decode step in which no row crosses cost 179 us at 64 rows and 713 us at 256
-#: rows of a 36-layer model. The temporal grid groups rows instead (``benchmarks/
-#: tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows among 256 at
-#: 3.97 TB/s); the conv grid runs several channel tiles per program.
+#: rows of a 36-layer model. The temporal grid groups rows instead, down to one program per
+#: 4 KiB tile and layer (18 432 for 36 layers of 2 MiB blocks: ~12 us when nothing copies);
+#: ``benchmarks/tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows
+#: among 256 at 3.97 TB/s. The conv grid runs several channel tiles per program.
 TEMPORAL_PROGRAMS = 4096
 CONV_PROGRAMS = 16384
 #: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
@@ -153,9 +154,12 @@ def plan_copy_temporal(
     num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
 ) -> LaunchPlan:
     """Grid and tiling for the temporal copy: 4 KiB tiles (one 16-byte vector per thread
-    with 8 warps) on axis 0, layers on axis 1, groups of rows on axis 2, as few rows per
-    group as keep the launch near :data:`TEMPORAL_PROGRAMS` programs (at least one program
-    per tile and layer).
+    with 8 warps) on axis 0, layers on axis 1 (so at most 65 535 layers), groups of rows on
+    axis 2: as few rows per group as keep the launch within ``max(TEMPORAL_PROGRAMS, tiles
+    x layers)`` programs, at most :data:`MAX_ROWS_PER_PROGRAM`.
+
+    ``ROWS_PER_PROGRAM`` is a power of two that follows the batch size, so each batch-size
+    bucket compiles once: warm them up before serving, as for CUDA graphs.
 
     ``align`` (:func:`pool_align`) is a power of two dividing both pool strides. The kernel
     states it to the compiler itself, so that the code does not depend on what the launcher

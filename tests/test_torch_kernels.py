@@ -121,6 +121,7 @@ def test_copy_grids_stay_near_the_target_program_count():
         tiles, layers, groups = plan.grid
         # one program per tile and layer (per 1024 rows for huge batches)
         assert (tiles, layers) == (512, 36) and groups == -(-rows // kc.MAX_ROWS_PER_PROGRAM)
+        assert tiles * layers * groups <= 512 * 36 * -(-rows // kc.MAX_ROWS_PER_PROGRAM)
         assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
         conv = kc.plan_copy_conv(rows, 36, 3, 8192, 2, "SD", 16)
         assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
@@ -136,7 +137,7 @@ def test_copy_grids_stay_near_the_target_program_count():
     assert plan.grid[2] * kc.MAX_ROWS_PER_PROGRAM >= 3_000_000 and plan.grid[2] <= 65_535
 
 
-@pytest.mark.parametrize("rows_per_program", [1, 4, 16])
+@pytest.mark.parametrize("rows_per_program", [1, 4, 16, 1024])
 def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program):
     import dataclasses
 
@@ -161,3 +162,35 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program):
     tops._launch(grouped, {"pool": bits, "src": idx(plan.temporal_src), "dst": idx(plan.dst)},
                  dict(pool_scalars(tuple(bits.shape), bits.stride()), num_rows=rows))
     assert same_bytes(pool, want)
+
+
+def test_pool_align_is_the_largest_power_of_two_dividing_the_strides():
+    from mamba_align.kernels import pool_align
+
+    t = {"layer_stride": 6 * 40, "block_stride": 40}
+    assert pool_align(t) == 8 and pool_align(dict(t, block_stride=44, layer_stride=88)) == 4
+    assert pool_align({"layer_stride": 29 * 6, "block_stride": 29}) == 1
+    assert pool_align({"layer_stride": 1 << 20, "block_stride": 1 << 12}) == 16  # capped
+    sd = {"layer_stride": 3 * 64 * 5, "block_stride": 3 * 64, "dim": 12, "width": 3}
+    assert pool_align(sd, "SD") == 4 and pool_align(sd, "DS") == 16  # DS: dim not involved
+
+
+@pytest.mark.parametrize("numel", [512, 520])  # one whole tile / a partial one; align 4
+def test_copies_with_strides_aligned_to_four_elements_only(numel):
+    # ALIGN = 4 promises the compiler 16-byte alignment for fp32 but not more: on the GPU a
+    # wrong promise would fault or copy the wrong bytes (the interpreter ignores it).
+    from mamba_align.kernels import plan_copy_temporal, pool_align, pool_scalars
+
+    gen = torch.Generator().manual_seed(numel)
+    base = random_pool(gen, (2, 7, numel + 4), torch.float32).to(DEVICE)
+    pool = base[:, :, :numel]  # block stride numel + 4: a multiple of 4, not of 16
+    scal = pool_scalars(tuple(pool.shape), pool.stride())
+    assert pool_align(scal) == 4
+    assert plan_copy_temporal(3, 2, numel, 4, 4).constexprs["EVEN"] == (numel == 512)
+    want = np_view(base)
+    plan = CopyPlan(np.array([1, 3, -1]), np.array([1, 3, -1]), np.array([5, 2, 6]),
+                    np.zeros(3, np.int64))
+    apply_temporal_copy(want[:, :, :numel], plan)
+    torch.ops.mamba_align.copy_temporal_(pool, torch.tensor([1, 3, -1], device=DEVICE),
+                                         torch.tensor([5, 2, 6], device=DEVICE))
+    assert same_bytes(base, want)
