@@ -24,10 +24,8 @@ import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import io  # noqa: E402
 import pstats  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -37,35 +35,22 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
-from bench_dispatch import pool_shapes, setup  # noqa: E402
+from bench_copy import host_ms  # noqa: E402
+from bench_dispatch import enqueue_ms, pool_shapes, setup  # noqa: E402
 from jax_device_time import device_ms  # noqa: E402
 from mamba_align.backends import jax as mj  # noqa: E402
 
 
 def issue_us(fn, carry, n, reps=7):
-    """Median per-call host time to issue a burst of ``n`` calls (device idle at start)."""
-    carry = jax.block_until_ready(fn(carry))
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            carry = fn(carry)
-        out.append((time.perf_counter() - t0) / n * 1e6)
-        carry = jax.block_until_ready(carry)
-    return statistics.median(out), carry
+    """Median per-call host time (µs) to issue a burst of ``n`` calls (device idle at start)."""
+    ms, carry = enqueue_ms(fn, carry, jax.block_until_ready, n=n, reps=reps)
+    return ms * 1e3, carry
 
 
 def wall_us(fn, carry, n, reps=5):
-    """Median per-call time of ``n`` calls including the wait for the device."""
-    carry = jax.block_until_ready(fn(carry))
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            carry = fn(carry)
-        carry = jax.block_until_ready(carry)
-        out.append((time.perf_counter() - t0) / n * 1e6)
-    return statistics.median(out), carry
+    """Median per-call time (µs) of ``n`` calls including the wait for the device."""
+    ms, carry = host_ms(fn, carry, jax.block_until_ready, reps=reps, n0=n, min_s=0.0)
+    return ms * 1e3, carry
 
 
 def step_fns(s):

@@ -170,15 +170,16 @@ def preprocess_resolve_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed
     index_tensor("query_len", query_len, dev, (rows,))
     flag_tensor("is_spec", is_spec, rows, dev)
     scal = _block_table(block_table, dev, state_idx.shape[0])
-    outs = [_rows_like(idx_mapping, rows) for _ in range(11)]
-    outs.insert(10, _rows_like(idx_mapping, rows, 1 + num_spec))  # temporal_write
+    plan = K.plan_preprocess_resolve(max(rows, 1), num_spec,
+                                     "copy-free" if copy_free else "pre-copy")
+    outs = {n: _rows_like(idx_mapping, rows, *((1 + num_spec,) if n == "temporal_write" else ()))
+            for n in plan.outputs if n not in plan.aliases}
     if rows:
-        plan = K.plan_preprocess_resolve(rows, num_spec, "copy-free" if copy_free else "pre-copy")
-        arrays = dict(zip(plan.outputs, outs), idx_mapping=idx_mapping, query_len=query_len,
-                      is_spec=is_spec, block_table=block_table, state_idx=state_idx, acc=acc,
+        arrays = dict(outs, idx_mapping=idx_mapping, query_len=query_len, is_spec=is_spec,
+                      block_table=block_table, state_idx=state_idx, acc=acc,
                       num_computed=num_computed)
         _launch(plan, arrays, dict(scal, num_rows=rows, block_size=block_size))
-    return tuple(outs)
+    return tuple(outs.values())
 
 
 @preprocess_resolve_.register_fake
