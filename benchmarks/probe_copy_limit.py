@@ -1,0 +1,230 @@
+"""What bounds the temporal copy on the GPU (one-off probe, see benchmarks/README.md).
+
+The JAX target (>= 1.9x XLA's ``pool.at[:, dst].set(pool[:, src])``) leaves little room:
+XLA's gather and scatter both run near the device-to-device ceiling, so the ratio can
+reach 2x only if our single pass does too. This probe times, in one process and on the
+same bytes, the pieces that separate our copy from the ceiling:
+
+- ``d2d``: ``b.copy_(a)`` of contiguous buffers (the ceiling of bench_copy);
+- ``read``/``write``: a Triton kernel that only loads (and keeps a checksum) or only
+  stores: the HBM's one-way rates;
+- ``flat``: a Triton copy between two contiguous buffers, same tile as the library;
+- ``flat-inplace``: the same within one buffer (what aliasing costs, if anything);
+- ``library``: ``copy_temporal_`` on the serving pool (36 layers x 2 MiB) at B rows;
+- ``one-row``: the library kernel's work without the row-group loop (one row per program);
+- ``unpiped``: the row-group loop as it was before it was software-pipelined;
+- JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
+  trace (raw traffic: XLA moves each byte twice, through a temporary).
+
+It also prints the registers per thread of the Triton kernels (occupancy) and the compiled
+HLO of a jitted pre-copy step (which XLA kernels it runs besides ours).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def flat_copy(src_ptr, dst_ptr, TILE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    x = tl.load(src_ptr + offs, eviction_policy="evict_first")
+    tl.store(dst_ptr + offs, x, cache_modifier=".cs")
+
+
+@triton.jit
+def read_only(src_ptr, out_ptr, TILE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    x = tl.load(src_ptr + offs, eviction_policy="evict_first")
+    tl.store(out_ptr + tl.program_id(0), tl.sum(x))  # 4 bytes per tile: keeps the load
+
+
+@triton.jit
+def write_only(dst_ptr, TILE: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * TILE + tl.arange(0, TILE)
+    tl.store(dst_ptr + offs, tl.zeros((TILE,), tl.int32), cache_modifier=".cs")
+
+
+@triton.jit
+def one_row_copy(src_ptr, dst_ptr, layer_stride, block_stride, pool_ptr, TILE: tl.constexpr):
+    tile = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    row = tl.program_id(2).to(tl.int64)
+    src = tl.load(src_ptr + row).to(tl.int64)
+    dst = tl.load(dst_ptr + row).to(tl.int64)
+    if (src >= 0) & (dst >= 0) & (src != dst):
+        s_off = tl.multiple_of(layer * layer_stride + src * block_stride, 16)
+        d_off = tl.multiple_of(layer * layer_stride + dst * block_stride, 16)
+        offs = tile * TILE + tl.arange(0, TILE)
+        x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+        tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+
+
+@triton.jit
+def loop_copy(src_ptr, dst_ptr, num_rows, layer_stride, block_stride, pool_ptr,
+              TILE: tl.constexpr, R: tl.constexpr):
+    # the library's row-group loop before it was software-pipelined: look up, load, store
+    tile = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(2).to(tl.int64) * R + tl.arange(0, R)
+    inb = rows < num_rows
+    s = tl.load(src_ptr + rows, mask=inb, other=-1)
+    d = tl.load(dst_ptr + rows, mask=inb, other=-1)
+    ok = inb & (s >= 0) & (d >= 0) & (s != d)
+    todo = tl.where(ok, rows, 1 << 62)
+    offs = tile * TILE + tl.arange(0, TILE)
+    for _ in range(tl.sum(ok.to(tl.int32))):
+        row = tl.min(todo)
+        todo = tl.where(todo == row, 1 << 62, todo)
+        s_off = tl.multiple_of(layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride, 16)
+        d_off = tl.multiple_of(layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride, 16)
+        x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+        tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+
+
+def regs(kernel) -> str:
+    try:
+        cache = kernel.device_caches[torch.cuda.current_device()][0]
+        return ", ".join(f"{k.n_regs} regs/{k.n_spills} spills" for k in cache.values())
+    except Exception as e:  # the attribute layout differs across Triton versions
+        return f"n/a ({type(e).__name__})"
+
+
+def tbps(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    import mamba_align.backends.torch  # noqa: F401  registers torch.ops.mamba_align
+
+    bench = lambda f: triton.testing.do_bench_cudagraph(f, rep=100)  # noqa: E731
+    L, numel, tile, warps = 36, 32 * 128 * 128, 1024, 8
+    out = {}
+    n = max(args.batches) * L * numel  # int32 elements copied at the largest batch
+    a = torch.randint(0, 1 << 30, (2 * n,), dtype=torch.int32, device="cuda")
+    b = torch.empty(n, dtype=torch.int32, device="cuda")
+    part = torch.empty(n // tile, dtype=torch.int32, device="cuda")
+    grid = (n // tile,)
+    flat = {
+        "d2d": (lambda: b.copy_(a[:n]), 8 * n),
+        "read": (lambda: read_only[grid](a, part, TILE=tile, num_warps=warps), 4 * n),
+        "write": (lambda: write_only[grid](b, TILE=tile, num_warps=warps), 4 * n),
+        "flat": (lambda: flat_copy[grid](a, b, TILE=tile, num_warps=warps), 8 * n),
+        "flat-inplace": (lambda: flat_copy[grid](a, a[n:], TILE=tile, num_warps=warps), 8 * n),
+    }
+    for name, (fn, nbytes) in flat.items():
+        fn()
+        out[name] = tbps(nbytes, bench(fn))
+        print(f"{name:14s} {out[name]:.3f} TB/s (bytes of one-way traffic counted once)")
+    print("registers:", "flat", regs(flat_copy), "| read", regs(read_only))
+    del a, b, part
+    torch.cuda.empty_cache()
+
+    nb = 2 * max(args.batches) + 1
+    pool = torch.zeros((L, nb, 32, 128, 128), dtype=torch.float32, device="cuda")
+    bits = pool.view(torch.int32)
+    for B in args.batches:
+        perm = torch.randperm(nb - 1, device="cuda") + 1
+        src, dst = perm[:B].clone(), perm[B:2 * B].clone()
+        moved = 2 * B * L * numel * 4
+        lib = lambda: torch.ops.mamba_align.copy_temporal_(pool, src, dst)  # noqa: E731
+        one = lambda: one_row_copy[(numel // tile, L, B)](  # noqa: E731
+            src, dst, bits.stride(0), bits.stride(1), bits, TILE=tile, num_warps=warps)
+        unpiped = lambda: loop_copy[(numel // tile, L, 1)](  # noqa: E731
+            src, dst, B, bits.stride(0), bits.stride(1), bits, TILE=tile, R=triton.next_power_of_2(B),
+            num_warps=warps)
+        for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped)):
+            fn()
+            out[f"{name} B={B}"] = tbps(moved, bench(fn))
+            print(f"{name:8s} B={B:3d}: {out[f'{name} B={B}']:.3f} TB/s")
+    from mamba_align.kernels.copy import copy_temporal_kernel
+        src.fill_(-1)
+        src[:4] = perm[:4]
+        for name, fn in (("library", lib), ("unpiped", unpiped)):
+            ms = bench(fn)
+            print(f"{name:8s} B={B:3d}, 4 rows copy: {ms * 1e3:.1f} us ({tbps(moved * 4 / B, ms):.3f} TB/s)")
+        src.fill_(-1)
+        print(f"library  B={B:3d}, no row copies: {bench(lib) * 1e3:.1f} us")
+    print("registers: library", regs(copy_temporal_kernel), "| one-row", regs(one_row_copy),
+          "| unpiped", regs(loop_copy))
+    del pool, bits
+    torch.cuda.empty_cache()
+
+    try:
+        out.update(jax_part(args.batches, L, nb, numel))
+    except ImportError as e:
+        print(f"JAX part skipped: {e}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+def jax_part(batches, L, nb, numel) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_device_time import device_ms
+    from mamba_align.backends.jax import ops as jops
+
+    out = {}
+    jit_d = lambda f: jax.jit(f, donate_argnums=0)  # noqa: E731
+    ours = jit_d(jops.copy_temporal)
+    xla = jit_d(lambda p, s, d: p.at[:, d].set(p[:, s]))
+    pool = jnp.zeros((L, nb, 32, 128, 128), jnp.float32)
+    rng = np.random.default_rng(0)
+    for B in batches:
+        perm = rng.permutation(nb - 1) + 1
+        src, dst = jnp.asarray(perm[:B], jnp.int32), jnp.asarray(perm[B:2 * B], jnp.int32)
+        moved = 2 * B * L * numel * 4
+        for name, f in (("jax", lambda p: ours(p, src, dst)), ("xla", lambda p: xla(p, src, dst))):
+            ms, pool, by_name = device_ms(f, pool, n=10)
+            out[f"{name} B={B}"] = tbps(moved, ms)
+            print(f"{name:8s} B={B:3d}: {tbps(moved, ms):.3f} TB/s device ({ms:.3f} ms)")
+            for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]):
+                print(f"     {v:8.3f} ms  {k[:90]}")
+        text = xla.lower(pool, src, dst).compile().as_text()
+        print(f"XLA scatter B={B}: fusions in the compiled HLO:")
+        for line in text.splitlines():
+            if " fusion(" in line or "custom-call(" in line or " copy(" in line:
+                print("   ", line.strip()[:160])
+    del pool
+    step_hlo()
+    return out
+
+
+def step_hlo() -> None:
+    """The XLA ops of a jitted pre-copy step besides our kernels (bench_dispatch's step)."""
+    import jax
+
+    from bench_dispatch import pool_shapes, setup
+    from mamba_align.backends import jax as mj
+
+    s = setup(small=False)
+    cfg = s["config"]
+    J = jax.numpy.asarray  # noqa: N806
+    state = mj.init_state(s["slots"])
+    pools = {n: jax.numpy.zeros(shape, cfg.states[n].dtype) for n, shape in pool_shapes(s).items()}
+    step = jax.jit(mj.preprocess, static_argnames=("config", "mode"), donate_argnums=(0, 1))
+    text = step.lower(state, pools, J(s["idx_mapping"]), J(s["query_len"]), J(s["is_spec"]),
+                      J(s["block_table"]), config=cfg, mode="pre-copy").compile().as_text()
+    print("jitted pre-copy step, compiled HLO (entry computation):")
+    entry = text[text.find("ENTRY"):]
+    for line in entry.splitlines()[:60]:
+        print("   ", line.strip()[:200])
+
+
+if __name__ == "__main__":
+    main()
