@@ -12,7 +12,9 @@ same bytes, the pieces that separate our copy from the ceiling:
 - ``flat-inplace``: the same within one buffer (what aliasing costs, if anything);
 - ``library``: ``copy_temporal_`` on the serving pool (36 layers x 2 MiB) at B rows;
 - ``one-row``: the library kernel's work without the row-group loop (one row per program);
-- ``unpiped``: the row-group loop as it was before it was software-pipelined;
+- ``unpiped``: the earlier row-group grid (one program per tile and layer, looping over
+  the rows): 17.5 waves of equal programs;
+- ``waves=w``: the library's persistent kernel with w times its program count;
 - JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
   trace (raw traffic: XLA moves each byte twice, through a temporary).
 
@@ -23,6 +25,7 @@ HLO of a jitted pre-copy step (which XLA kernels it runs besides ours).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
@@ -107,7 +110,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--json")
     args = ap.parse_args()
-    import mamba_align.backends.torch  # noqa: F401  registers torch.ops.mamba_align
+    import mamba_align.kernels as K
+    from mamba_align.backends.torch import ops as tops  # registers torch.ops.mamba_align
 
     bench = lambda f: triton.testing.do_bench_cudagraph(f, rep=100)  # noqa: E731
     L, numel, tile, warps = 36, 32 * 128 * 128, 1024, 8
@@ -145,11 +149,16 @@ def main() -> None:
         unpiped = lambda: loop_copy[(numel // tile, L, 1)](  # noqa: E731
             src, dst, B, bits.stride(0), bits.stride(1), bits, TILE=tile, R=triton.next_power_of_2(B),
             num_warps=warps)
-        for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped)):
+        plan = K.plan_copy_temporal(B, L, numel, 4, 16, K.sm_count())
+        scal = dict(K.pool_scalars(tuple(bits.shape), bits.stride()), num_rows=B)
+        waves = {}
+        for w in (0.5, 2, 4):  # the library's persistent kernel with other program counts
+            p = dataclasses.replace(plan, grid=(int(plan.grid[0] * w),) + plan.grid[1:])
+            waves[f"waves={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
+        for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped), *waves.items()):
             fn()
             out[f"{name} B={B}"] = tbps(moved, bench(fn))
             print(f"{name:8s} B={B:3d}: {out[f'{name} B={B}']:.3f} TB/s")
-    from mamba_align.kernels.copy import copy_temporal_kernel
         src.fill_(-1)
         src[:4] = perm[:4]
         for name, fn in (("library", lib), ("unpiped", unpiped)):
@@ -157,6 +166,7 @@ def main() -> None:
             print(f"{name:8s} B={B:3d}, 4 rows copy: {ms * 1e3:.1f} us ({tbps(moved * 4 / B, ms):.3f} TB/s)")
         src.fill_(-1)
         print(f"library  B={B:3d}, no row copies: {bench(lib) * 1e3:.1f} us")
+    from mamba_align.kernels.copy import copy_temporal_kernel
     print("registers: library", regs(copy_temporal_kernel), "| one-row", regs(one_row_copy),
           "| unpiped", regs(loop_copy))
     del pool, bits
