@@ -14,6 +14,9 @@ same bytes, the pieces that separate our copy from the ceiling:
 - ``one-row``: the library kernel's work without the row-group loop (one row per program);
 - ``unpiped``: the earlier row-group grid (one program per tile and layer, looping over
   the rows): 17.5 waves of equal programs;
+- ``divided``: the persistent grid with each unit split by integer divisions and its row
+  looked up by two reductions every time (the library advances the digits instead and
+  looks a row up once);
 - ``waves=w``: the library's persistent kernel with w times its program count;
 - JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
   trace (raw traffic: XLA moves each byte twice, through a temporary).
@@ -93,6 +96,29 @@ def loop_copy(src_ptr, dst_ptr, num_rows, layer_stride, block_stride, pool_ptr,
         tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
 
 
+@triton.jit
+def divided_copy(src_ptr, dst_ptr, num_rows, num_layers, layer_stride, block_stride, pool_ptr,
+                 TILE: tl.constexpr, TILES: tl.constexpr, R: tl.constexpr):
+    # the persistent grid with the unit split by divisions and two reductions per unit
+    rows = tl.arange(0, R)
+    inb = rows < num_rows
+    s = tl.load(src_ptr + rows, mask=inb, other=-1)
+    d = tl.load(dst_ptr + rows, mask=inb, other=-1)
+    ok = inb & (s >= 0) & (d >= 0) & (s != d)
+    rank = tl.where(ok, tl.cumsum(ok.to(tl.int32), axis=0) - 1, -1)
+    per_row = TILES * num_layers
+    total = per_row.to(tl.int64) * tl.sum(ok.to(tl.int32))
+    for unit in range(tl.program_id(0).to(tl.int64), total, tl.num_programs(0)):
+        k = unit // per_row
+        layer = (unit - k * per_row) // TILES
+        tile = unit - k * per_row - layer * TILES
+        s_off = tl.multiple_of(layer * layer_stride + tl.sum(tl.where(rank == k, s, 0)).to(tl.int64) * block_stride, 16)
+        d_off = tl.multiple_of(layer * layer_stride + tl.sum(tl.where(rank == k, d, 0)).to(tl.int64) * block_stride, 16)
+        offs = tile * TILE + tl.arange(0, TILE)
+        x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+        tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+
+
 def regs(kernel) -> str:
     try:
         cache = kernel.device_caches[torch.cuda.current_device()][0]
@@ -152,7 +178,11 @@ def main() -> None:
         plan = K.plan_copy_temporal(B, L, numel, 4, 16, K.sm_count())
         scal = dict(K.pool_scalars(tuple(bits.shape), bits.stride()), num_rows=B)
         waves = {}
-        for w in (0.5, 2, 4):  # the library's persistent kernel with other program counts
+        divided = lambda: divided_copy[plan.grid[:1]](  # noqa: E731
+            src, dst, B, L, bits.stride(0), bits.stride(1), bits, TILE=tile, TILES=numel // tile,
+            R=triton.next_power_of_2(B), num_warps=warps)
+        waves["divided"] = divided
+        for w in (0.5, 2):  # the library's persistent kernel with other program counts
             p = dataclasses.replace(plan, grid=(int(plan.grid[0] * w),) + plan.grid[1:])
             waves[f"waves={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
         for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped), *waves.items()):
@@ -161,7 +191,7 @@ def main() -> None:
             print(f"{name:8s} B={B:3d}: {out[f'{name} B={B}']:.3f} TB/s")
         src.fill_(-1)
         src[:4] = perm[:4]
-        for name, fn in (("library", lib), ("unpiped", unpiped)):
+        for name, fn in (("library", lib), ("unpiped", unpiped), ("divided", divided)):
             ms = bench(fn)
             print(f"{name:8s} B={B:3d}, 4 rows copy: {ms * 1e3:.1f} us ({tbps(moved * 4 / B, ms):.3f} TB/s)")
         src.fill_(-1)

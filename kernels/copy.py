@@ -35,12 +35,11 @@ def copy_temporal_kernel(
     ALIGN: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    # Persistent: axis 0 holds about one wave of programs, axis 1 the groups of
-    # ROWS_PER_PROGRAM rows. The work of a group is one unit per (copying row, layer, tile),
-    # numbered row-major; program p takes units p, p + P, p + 2P, ... So every program gets
-    # the same work to one unit (no half-empty last wave), the programs running at any
-    # moment stream through consecutive tiles of one block, and a launch in which no row
-    # copies costs one wave of programs that each read the row ids once.
+    # Persistent: axis 0 holds one wave of programs, axis 1 the groups of ROWS_PER_PROGRAM
+    # rows. A group's work is one unit per (copying row, layer, tile), numbered in that
+    # order; program p takes units p, p + P, p + 2P, ... So the programs share the work to
+    # one unit, those running at any moment stream through neighbouring tiles, and a launch
+    # in which no row copies costs one wave of programs that each read the row ids once.
     rows = tl.program_id(1).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     in_batch = rows < num_rows
     src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
@@ -51,20 +50,29 @@ def copy_temporal_kernel(
     src = tl.where(ok, src, 0).to(tl.int32)
     dst = tl.where(ok, dst, 0).to(tl.int32)
     rank = tl.where(ok, tl.cumsum(ok.to(tl.int32), axis=0) - 1, -1)  # among the copying rows
-    tiles = tl.cdiv(block_numel, TILE).to(tl.int64)
-    per_row = tiles * num_layers
-    total = per_row * tl.sum(ok.to(tl.int32))
-    for unit in range(tl.program_id(0).to(tl.int64), total, tl.num_programs(0)):
-        k = unit // per_row
-        layer = (unit - k * per_row) // tiles
-        tile = unit - k * per_row - layer * tiles
-        pick = rank == k  # the k-th copying row
-        src_off = layer * layer_stride + tl.sum(tl.where(pick, src, 0)).to(tl.int64) * block_stride
-        dst_off = layer * layer_stride + tl.sum(tl.where(pick, dst, 0)).to(tl.int64) * block_stride
+    count = tl.sum(ok.to(tl.int32))
+    # The unit number as digits (row k, layer, tile), advanced by P without divisions; the
+    # row's block ids are looked up (two reductions) only when k changes.
+    tiles = tl.cdiv(block_numel, TILE)
+    per_row = tiles * num_layers  # < 2**31: plan_copy_temporal checks
+    step = tl.num_programs(0)
+    step_k, step_layer, step_tile = step // per_row, step % per_row // tiles, step % tiles
+    pid = tl.program_id(0)
+    k, layer, tile = pid // per_row, pid % per_row // tiles, pid % tiles
+    looked_up = k - 1
+    s_blk = tl.zeros((), tl.int32)
+    d_blk = tl.zeros((), tl.int32)
+    while k < count:
+        if k != looked_up:
+            s_blk = tl.sum(tl.where(rank == k, src, 0))
+            d_blk = tl.sum(tl.where(rank == k, dst, 0))
+            looked_up = k
+        src_off = layer.to(tl.int64) * layer_stride + s_blk.to(tl.int64) * block_stride
+        dst_off = layer.to(tl.int64) * layer_stride + d_blk.to(tl.int64) * block_stride
         if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
             src_off = tl.multiple_of(src_off, ALIGN)
             dst_off = tl.multiple_of(dst_off, ALIGN)
-        offs = tile * TILE + tl.arange(0, TILE)
+        offs = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
         if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
             x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
             tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
@@ -72,6 +80,11 @@ def copy_temporal_kernel(
             mask = offs < block_numel
             x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
             tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
+        tile += step_tile
+        layer += step_layer + (tile >= tiles).to(tl.int32)
+        tile = tl.where(tile >= tiles, tile - tiles, tile)
+        k += step_k + (layer >= num_layers).to(tl.int32)
+        layer = tl.where(layer >= num_layers, layer - num_layers, layer)
 
 
 @triton.jit
@@ -182,6 +195,9 @@ def plan_copy_temporal(
         raise ValueError(f"num_sms must be an int >= 1, got {num_sms!r}")
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
     tiles, layers, rows = cdiv(block_numel, tile), max(1, num_layers), max(1, num_rows)
+    if tiles * layers + num_sms * PROGRAMS_PER_SM >= 2**31:  # the kernel counts in int32
+        raise ValueError(f"a temporal pool of {num_layers} layers x {block_numel} elements "
+                         "per block is too large for one copy launch")
     per_program = next_pow2(min(rows, MAX_ROWS_PER_PROGRAM))
     programs = min(num_sms * PROGRAMS_PER_SM, tiles * layers * per_program)
     return LaunchPlan(
