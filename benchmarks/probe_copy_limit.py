@@ -135,6 +135,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, nargs="+", default=[8, 64, 256])
     ap.add_argument("--json")
+    ap.add_argument("--only-grids", action="store_true", help="skip the flat copies and JAX")
     args = ap.parse_args()
     import mamba_align.kernels as K
     from mamba_align.backends.torch import ops as tops  # registers torch.ops.mamba_align
@@ -154,7 +155,7 @@ def main() -> None:
         "flat": (lambda: flat_copy[grid](a, b, TILE=tile, num_warps=warps), 8 * n),
         "flat-inplace": (lambda: flat_copy[grid](a, a[n:], TILE=tile, num_warps=warps), 8 * n),
     }
-    for name, (fn, nbytes) in flat.items():
+    for name, (fn, nbytes) in ({} if args.only_grids else flat).items():
         fn()
         out[name] = tbps(nbytes, bench(fn))
         print(f"{name:14s} {out[name]:.3f} TB/s (bytes of one-way traffic counted once)")
@@ -185,6 +186,10 @@ def main() -> None:
         for w in (0.5, 2):  # the library's persistent kernel with other program counts
             p = dataclasses.replace(plan, grid=(int(plan.grid[0] * w),) + plan.grid[1:])
             waves[f"waves={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
+        for t, w, g in ((2048, 8, 1), (4096, 8, 1), (2048, 16, 0.5)):  # bigger tiles per unit
+            p = dataclasses.replace(plan, grid=(int(plan.grid[0] * g),) + plan.grid[1:], num_warps=w,
+                                    constexprs=dict(plan.constexprs, TILE=t))
+            waves[f"tile={t},w={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
         for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped), *waves.items()):
             fn()
             out[f"{name} B={B}"] = tbps(moved, bench(fn))
@@ -203,7 +208,8 @@ def main() -> None:
     torch.cuda.empty_cache()
 
     try:
-        out.update(jax_part(args.batches, L, nb, numel))
+        if not args.only_grids:
+            out.update(jax_part(args.batches, L, nb, numel))
     except ImportError as e:
         print(f"JAX part skipped: {e}")
     if args.json:
