@@ -17,6 +17,8 @@ same bytes, the pieces that separate our copy from the ceiling:
 - ``divided``: the persistent grid with each unit split by integer divisions and its row
   looked up by two reductions every time (the library advances the digits instead and
   looks a row up once);
+- ``chunked xg``: persistent, g waves, each program a contiguous range of units (its
+  successive tiles stay within one block);
 - ``waves=w``: the library's persistent kernel with w times its program count;
 - JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
   trace (raw traffic: XLA moves each byte twice, through a temporary).
@@ -119,6 +121,45 @@ def divided_copy(src_ptr, dst_ptr, num_rows, num_layers, layer_stride, block_str
         tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
 
 
+@triton.jit
+def chunked_copy(src_ptr, dst_ptr, num_rows, num_layers, layer_stride, block_stride, pool_ptr,
+                 TILE: tl.constexpr, TILES: tl.constexpr, R: tl.constexpr):
+    # persistent, but each program takes a contiguous range of units (tile fastest), so
+    # its successive tiles stay in one block (one page) instead of jumping P tiles
+    rows = tl.arange(0, R)
+    inb = rows < num_rows
+    s = tl.load(src_ptr + rows, mask=inb, other=-1).to(tl.int32)
+    d = tl.load(dst_ptr + rows, mask=inb, other=-1).to(tl.int32)
+    ok = inb & (s >= 0) & (d >= 0) & (s != d)
+    rank = tl.where(ok, tl.cumsum(ok.to(tl.int32), axis=0) - 1, -1)
+    per_row = TILES * num_layers
+    total = per_row.to(tl.int64) * tl.sum(ok.to(tl.int32))
+    lo = total * tl.program_id(0) // tl.num_programs(0)
+    hi = total * (tl.program_id(0) + 1) // tl.num_programs(0)
+    k = (lo // per_row).to(tl.int32)
+    rem = (lo - k * per_row).to(tl.int32)
+    layer = rem // TILES
+    tile = rem - layer * TILES
+    looked = k - 1
+    sb = tl.zeros((), tl.int32)
+    db = tl.zeros((), tl.int32)
+    for _ in range(lo, hi):
+        if k != looked:
+            sb = tl.sum(tl.where(rank == k, s, 0))
+            db = tl.sum(tl.where(rank == k, d, 0))
+            looked = k
+        s_off = tl.multiple_of(layer.to(tl.int64) * layer_stride + sb.to(tl.int64) * block_stride, 16)
+        d_off = tl.multiple_of(layer.to(tl.int64) * layer_stride + db.to(tl.int64) * block_stride, 16)
+        offs = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
+        tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+        tile += 1
+        layer += (tile == TILES).to(tl.int32)
+        tile = tl.where(tile == TILES, 0, tile)
+        k += (layer == num_layers).to(tl.int32)
+        layer = tl.where(layer == num_layers, 0, layer)
+
+
 def regs(kernel) -> str:
     try:
         cache = kernel.device_caches[torch.cuda.current_device()][0]
@@ -183,6 +224,10 @@ def main() -> None:
             src, dst, B, L, bits.stride(0), bits.stride(1), bits, TILE=tile, TILES=numel // tile,
             R=triton.next_power_of_2(B), num_warps=warps)
         waves["divided"] = divided
+        for g in (1, 4):
+            waves[f"chunked x{g}"] = lambda g=g: chunked_copy[(plan.grid[0] * g,)](
+                src, dst, B, L, bits.stride(0), bits.stride(1), bits, TILE=tile, TILES=numel // tile,
+                R=triton.next_power_of_2(B), num_warps=warps)
         for w in (0.5, 2):  # the library's persistent kernel with other program counts
             p = dataclasses.replace(plan, grid=(int(plan.grid[0] * w),) + plan.grid[1:])
             waves[f"waves={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
@@ -196,7 +241,8 @@ def main() -> None:
             print(f"{name:8s} B={B:3d}: {out[f'{name} B={B}']:.3f} TB/s")
         src.fill_(-1)
         src[:4] = perm[:4]
-        for name, fn in (("library", lib), ("unpiped", unpiped), ("divided", divided)):
+        for name, fn in (("library", lib), ("unpiped", unpiped), ("divided", divided),
+                         ("chunked x1", waves["chunked x1"])):
             ms = bench(fn)
             print(f"{name:8s} B={B:3d}, 4 rows copy: {ms * 1e3:.1f} us ({tbps(moved * 4 / B, ms):.3f} TB/s)")
         src.fill_(-1)
