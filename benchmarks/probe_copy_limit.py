@@ -10,16 +10,20 @@ same bytes, the pieces that separate our copy from the ceiling:
   stores: the HBM's one-way rates;
 - ``flat``: a Triton copy between two contiguous buffers, same tile as the library;
 - ``flat-inplace``: the same within one buffer (what aliasing costs, if anything);
-- ``library``: ``copy_temporal_`` on the serving pool (36 layers x 2 MiB) at B rows;
-- ``one-row``: the library kernel's work without the row-group loop (one row per program);
-- ``unpiped``: the earlier row-group grid (one program per tile and layer, looping over
-  the rows): 17.5 waves of equal programs;
-- ``divided``: the persistent grid with each unit split by integer divisions and its row
-  looked up by two reductions every time (the library advances the digits instead and
-  looks a row up once);
+- ``library``: ``copy_temporal_`` on the serving pool (36 layers x 2 MiB) at B rows: one
+  program per 4 KiB tile and layer, looping over the rows that copy (17.5 waves of equal
+  programs on the H200, so the last wave is half empty);
+- ``one-row``: one program per tile, layer and row, no loop (the fastest full copy, but a
+  launch in which no row copies costs ~2.8 ms at 256 rows);
+- ``persistent``: one wave of 8 programs per SM sharing the (copying row, layer, tile)
+  units evenly, program p taking units p, p + P, ...; the unit's digits are advanced
+  without divisions and a row's block ids looked up only when the row changes. No tail,
+  and ~2 us when no row copies, but slower than the library on full copies;
+- ``divided``: the same with integer divisions and two reductions per unit;
 - ``chunked xg``: persistent, g waves, each program a contiguous range of units (its
-  successive tiles stay within one block);
-- ``waves=w``: the library's persistent kernel with w times its program count;
+  successive tiles stay within one block: rules out TLB reach);
+- ``waves=w``, ``tile=t,w=n``: the persistent kernel with w times its program count, or
+  bigger tiles per unit (more bytes in flight per program);
 - JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
   trace (raw traffic: XLA moves each byte twice, through a temporary).
 
@@ -77,25 +81,72 @@ def one_row_copy(src_ptr, dst_ptr, layer_stride, block_stride, pool_ptr, TILE: t
 
 
 @triton.jit
-def loop_copy(src_ptr, dst_ptr, num_rows, layer_stride, block_stride, pool_ptr,
-              TILE: tl.constexpr, R: tl.constexpr):
-    # the library's row-group loop before it was software-pipelined: look up, load, store
-    tile = tl.program_id(0).to(tl.int64)
-    layer = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(2).to(tl.int64) * R + tl.arange(0, R)
-    inb = rows < num_rows
-    s = tl.load(src_ptr + rows, mask=inb, other=-1)
-    d = tl.load(dst_ptr + rows, mask=inb, other=-1)
-    ok = inb & (s >= 0) & (d >= 0) & (s != d)
-    todo = tl.where(ok, rows, 1 << 62)
-    offs = tile * TILE + tl.arange(0, TILE)
-    for _ in range(tl.sum(ok.to(tl.int32))):
-        row = tl.min(todo)
-        todo = tl.where(todo == row, 1 << 62, todo)
-        s_off = tl.multiple_of(layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride, 16)
-        d_off = tl.multiple_of(layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride, 16)
-        x = tl.load(pool_ptr + s_off + offs, eviction_policy="evict_first")
-        tl.store(pool_ptr + d_off + offs, x, cache_modifier=".cs")
+def persistent_copy(
+    pool_in_ptr,  # aliased with pool_ptr; read and written through pool_ptr
+    src_ptr,  # [rows] physical source block (the accepted candidate), -1 = no copy
+    dst_ptr,  # [rows] physical destination block
+    num_rows,
+    num_layers,
+    layer_stride,
+    block_stride,
+    block_numel,
+    num_blocks,
+    pool_ptr,
+    TILE: tl.constexpr,
+    ROWS_PER_PROGRAM: tl.constexpr,
+    ALIGN: tl.constexpr,
+    EVEN: tl.constexpr,
+):
+    # Persistent: axis 0 holds one wave of programs, axis 1 the groups of ROWS_PER_PROGRAM
+    # rows. A group's work is one unit per (copying row, layer, tile), numbered in that
+    # order; program p takes units p, p + P, p + 2P, ... So the programs share the work to
+    # one unit, those running at any moment stream through neighbouring tiles, and a launch
+    # in which no row copies costs one wave of programs that each read the row ids once.
+    rows = tl.program_id(1).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    in_batch = rows < num_rows
+    src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
+    dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
+    ok = in_batch & (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
+    ok = ok & (src != dst)
+    # Valid ids fit 32 bits (< num_blocks); held so, the row ids cost half the registers.
+    src = tl.where(ok, src, 0).to(tl.int32)
+    dst = tl.where(ok, dst, 0).to(tl.int32)
+    rank = tl.where(ok, tl.cumsum(ok.to(tl.int32), axis=0) - 1, -1)  # among the copying rows
+    count = tl.sum(ok.to(tl.int32))
+    # The unit number as digits (row k, layer, tile), advanced by P without divisions; the
+    # row's block ids are looked up (two reductions) only when k changes.
+    tiles = tl.cdiv(block_numel, TILE)
+    per_row = tiles * num_layers  # < 2**31: plan_copy_temporal checks
+    step = tl.num_programs(0)
+    step_k, step_layer, step_tile = step // per_row, step % per_row // tiles, step % tiles
+    pid = tl.program_id(0)
+    k, layer, tile = pid // per_row, pid % per_row // tiles, pid % tiles
+    looked_up = k - 1
+    s_blk = tl.zeros((), tl.int32)
+    d_blk = tl.zeros((), tl.int32)
+    while k < count:
+        if k != looked_up:
+            s_blk = tl.sum(tl.where(rank == k, src, 0))
+            d_blk = tl.sum(tl.where(rank == k, dst, 0))
+            looked_up = k
+        src_off = layer.to(tl.int64) * layer_stride + s_blk.to(tl.int64) * block_stride
+        dst_off = layer.to(tl.int64) * layer_stride + d_blk.to(tl.int64) * block_stride
+        if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
+            src_off = tl.multiple_of(src_off, ALIGN)
+            dst_off = tl.multiple_of(dst_off, ALIGN)
+        offs = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
+        if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
+            x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
+        else:
+            mask = offs < block_numel
+            x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
+        tile += step_tile
+        layer += step_layer + (tile >= tiles).to(tl.int32)
+        tile = tl.where(tile >= tiles, tile - tiles, tile)
+        k += step_k + (layer >= num_layers).to(tl.int32)
+        layer = tl.where(layer >= num_layers, layer - num_layers, layer)
 
 
 @triton.jit
@@ -214,12 +265,15 @@ def main() -> None:
         lib = lambda: torch.ops.mamba_align.copy_temporal_(pool, src, dst)  # noqa: E731
         one = lambda: one_row_copy[(numel // tile, L, B)](  # noqa: E731
             src, dst, bits.stride(0), bits.stride(1), bits, TILE=tile, num_warps=warps)
-        unpiped = lambda: loop_copy[(numel // tile, L, 1)](  # noqa: E731
-            src, dst, B, bits.stride(0), bits.stride(1), bits, TILE=tile, R=triton.next_power_of_2(B),
-            num_warps=warps)
-        plan = K.plan_copy_temporal(B, L, numel, 4, 16, K.sm_count())
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        r = triton.next_power_of_2(B)
+        plan = dataclasses.replace(  # the persistent variant: one wave of 8 programs per SM
+            K.plan_copy_temporal(B, L, numel, 4, 16), kernel=persistent_copy, grid=(sms * 8, 1),
+            scalars=("num_rows", "num_layers", "layer_stride", "block_stride", "block_numel",
+                     "num_blocks"), constexprs={"TILE": tile, "ROWS_PER_PROGRAM": r, "ALIGN": 16,
+                                                "EVEN": True})
         scal = dict(K.pool_scalars(tuple(bits.shape), bits.stride()), num_rows=B)
-        waves = {}
+        waves = {"persistent": lambda: tops._launch(plan, {"pool": bits, "src": src, "dst": dst}, scal)}
         divided = lambda: divided_copy[plan.grid[:1]](  # noqa: E731
             src, dst, B, L, bits.stride(0), bits.stride(1), bits, TILE=tile, TILES=numel // tile,
             R=triton.next_power_of_2(B), num_warps=warps)
@@ -228,28 +282,29 @@ def main() -> None:
             waves[f"chunked x{g}"] = lambda g=g: chunked_copy[(plan.grid[0] * g,)](
                 src, dst, B, L, bits.stride(0), bits.stride(1), bits, TILE=tile, TILES=numel // tile,
                 R=triton.next_power_of_2(B), num_warps=warps)
-        for w in (0.5, 2):  # the library's persistent kernel with other program counts
+        for w in (0.5, 2):  # the persistent kernel with other program counts
             p = dataclasses.replace(plan, grid=(int(plan.grid[0] * w),) + plan.grid[1:])
             waves[f"waves={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
         for t, w, g in ((2048, 8, 1), (4096, 8, 1), (2048, 16, 0.5)):  # bigger tiles per unit
             p = dataclasses.replace(plan, grid=(int(plan.grid[0] * g),) + plan.grid[1:], num_warps=w,
                                     constexprs=dict(plan.constexprs, TILE=t))
             waves[f"tile={t},w={w}"] = lambda p=p: tops._launch(p, {"pool": bits, "src": src, "dst": dst}, scal)
-        for name, fn in (("library", lib), ("one-row", one), ("unpiped", unpiped), *waves.items()):
+        for name, fn in (("library", lib), ("one-row", one), *waves.items()):
             fn()
             out[f"{name} B={B}"] = tbps(moved, bench(fn))
             print(f"{name:8s} B={B:3d}: {out[f'{name} B={B}']:.3f} TB/s")
         src.fill_(-1)
         src[:4] = perm[:4]
-        for name, fn in (("library", lib), ("unpiped", unpiped), ("divided", divided),
-                         ("chunked x1", waves["chunked x1"])):
+        for name, fn in (("library", lib), ("persistent", waves["persistent"]),
+                         ("divided", divided), ("chunked x1", waves["chunked x1"])):
             ms = bench(fn)
             print(f"{name:8s} B={B:3d}, 4 rows copy: {ms * 1e3:.1f} us ({tbps(moved * 4 / B, ms):.3f} TB/s)")
         src.fill_(-1)
-        print(f"library  B={B:3d}, no row copies: {bench(lib) * 1e3:.1f} us")
+        for name, fn in (("library", lib), ("persistent", waves["persistent"])):
+            print(f"{name:8s} B={B:3d}, no row copies: {bench(fn) * 1e3:.1f} us")
     from mamba_align.kernels.copy import copy_temporal_kernel
     print("registers: library", regs(copy_temporal_kernel), "| one-row", regs(one_row_copy),
-          "| unpiped", regs(loop_copy))
+          "| persistent", regs(persistent_copy))
     del pool, bits
     torch.cuda.empty_cache()
 

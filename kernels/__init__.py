@@ -14,7 +14,7 @@ if "TRITON_INTERPRET" not in os.environ and not (
 
 from .plan import LaunchPlan, check_step_scalars, pool_scalars, table_scalars  # noqa: E402
 from .bookkeeping import plan_add_requests, plan_postprocess, plan_preprocess  # noqa: E402
-from .copy import plan_copy_conv, plan_copy_temporal, pool_align, sm_count  # noqa: E402
+from .copy import plan_copy_conv, plan_copy_temporal, pool_align  # noqa: E402
 from .resolve import plan_preprocess_resolve, plan_resolve  # noqa: E402
 
 __all__ = [
@@ -30,5 +30,4 @@ __all__ = [
     "plan_copy_temporal",
     "plan_copy_conv",
     "pool_align",
-    "sm_count",
 ]

@@ -10,7 +10,6 @@ is a bit copy whatever the dtype. All offsets are int64.
 from __future__ import annotations
 
 import functools
-import os
 
 import triton
 import triton.language as tl
@@ -24,7 +23,6 @@ def copy_temporal_kernel(
     src_ptr,  # [rows] physical source block (the accepted candidate), -1 = no copy
     dst_ptr,  # [rows] physical destination block
     num_rows,
-    num_layers,
     layer_stride,
     block_stride,
     block_numel,
@@ -35,44 +33,29 @@ def copy_temporal_kernel(
     ALIGN: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    # Persistent: axis 0 holds one wave of programs, axis 1 the groups of ROWS_PER_PROGRAM
-    # rows. A group's work is one unit per (copying row, layer, tile), numbered in that
-    # order; program p takes units p, p + P, p + 2P, ... So the programs share the work to
-    # one unit, those running at any moment stream through neighbouring tiles, and a launch
-    # in which no row copies costs one wave of programs that each read the row ids once.
-    rows = tl.program_id(1).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows.
+    # The program copies its tile of its layer for each row of its group that copies, and
+    # visits only those rows: a few copying rows among many still spread over all tiles
+    # and layers, and a launch in which no row copies is one vector load per program.
+    tile = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     in_batch = rows < num_rows
     src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
     dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
     ok = in_batch & (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
     ok = ok & (src != dst)
-    # Valid ids fit 32 bits (< num_blocks); held so, the row ids cost half the registers.
-    src = tl.where(ok, src, 0).to(tl.int32)
-    dst = tl.where(ok, dst, 0).to(tl.int32)
-    rank = tl.where(ok, tl.cumsum(ok.to(tl.int32), axis=0) - 1, -1)  # among the copying rows
-    count = tl.sum(ok.to(tl.int32))
-    # The unit number as digits (row k, layer, tile), advanced by P without divisions; the
-    # row's block ids are looked up (two reductions) only when k changes.
-    tiles = tl.cdiv(block_numel, TILE)
-    per_row = tiles * num_layers  # < 2**31: plan_copy_temporal checks
-    step = tl.num_programs(0)
-    step_k, step_layer, step_tile = step // per_row, step % per_row // tiles, step % tiles
-    pid = tl.program_id(0)
-    k, layer, tile = pid // per_row, pid % per_row // tiles, pid % tiles
-    looked_up = k - 1
-    s_blk = tl.zeros((), tl.int32)
-    d_blk = tl.zeros((), tl.int32)
-    while k < count:
-        if k != looked_up:
-            s_blk = tl.sum(tl.where(rank == k, src, 0))
-            d_blk = tl.sum(tl.where(rank == k, dst, 0))
-            looked_up = k
-        src_off = layer.to(tl.int64) * layer_stride + s_blk.to(tl.int64) * block_stride
-        dst_off = layer.to(tl.int64) * layer_stride + d_blk.to(tl.int64) * block_stride
+    NONE: tl.constexpr = 1 << 62
+    todo = tl.where(ok, rows, NONE)
+    offs = tile * TILE + tl.arange(0, TILE)
+    for _ in range(tl.sum(ok.to(tl.int32))):
+        row = tl.min(todo)  # the next row that copies
+        todo = tl.where(todo == row, NONE, todo)
+        src_off = layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride
+        dst_off = layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride
         if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
             src_off = tl.multiple_of(src_off, ALIGN)
             dst_off = tl.multiple_of(dst_off, ALIGN)
-        offs = tile.to(tl.int64) * TILE + tl.arange(0, TILE)
         if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
             x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
             tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
@@ -80,11 +63,6 @@ def copy_temporal_kernel(
             mask = offs < block_numel
             x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
             tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
-        tile += step_tile
-        layer += step_layer + (tile >= tiles).to(tl.int32)
-        tile = tl.where(tile >= tiles, tile - tiles, tile)
-        k += step_k + (layer >= num_layers).to(tl.int32)
-        layer = tl.where(layer >= num_layers, layer - num_layers, layer)
 
 
 @triton.jit
@@ -150,19 +128,17 @@ def copy_conv_kernel(
             tl.store(pool_ptr + dst_base + dst_offs, x, mask=mask)
 
 
-#: Every program of a launch starts and exits even when its rows copy nothing (0.6-0.7 ns
-#: of GPU time each on the H200): with one program per row, layer and 16 KiB, a decode step
-#: in which no row crosses cost 179 us at 64 rows and 713 us at 256 rows of a 36-layer
-#: model. The temporal copy runs one wave of persistent programs instead:
-#: PROGRAMS_PER_SM per SM (8 warps each, at most 32 registers per thread: 8 fit an SM).
-#: A grid of one program per tile and layer, looping over rows, ran 17.5 waves of equal
-#: programs and lost 3-4 % to the half-empty last one (benchmarks/probe_copy_limit.py).
-PROGRAMS_PER_SM = 8
-#: The conv grid runs several channel tiles per program, about this many programs.
+#: Programs a copy launch aims for. Every program starts and exits even when its rows copy
+#: nothing (0.6-0.7 ns of GPU time each on the H200): with one program per row, layer and
+#: 16 KiB, a decode step in which no row crosses cost 179 us at 64 rows and 713 us at 256
+#: rows of a 36-layer model. The temporal grid groups rows instead, down to one program per
+#: 4 KiB tile and layer (18 432 for 36 layers of 2 MiB blocks: ~12 us when nothing copies);
+#: ``benchmarks/tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows
+#: among 256 at 3.97 TB/s. The conv grid runs several channel tiles per program.
+TEMPORAL_PROGRAMS = 4096
 CONV_PROGRAMS = 16384
-#: Rows one temporal-copy program holds in registers; beyond, more row groups. With 1024
-#: the kernel needs 38 registers per thread and 8 programs no longer fit an SM.
-MAX_ROWS_PER_PROGRAM = 512
+#: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
+MAX_ROWS_PER_PROGRAM = 1024
 
 
 def _split(units: int, work: int, target: int) -> int:
@@ -175,37 +151,32 @@ def _split(units: int, work: int, target: int) -> int:
 
 @functools.lru_cache(maxsize=256)
 def plan_copy_temporal(
-    num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1,
-    num_sms: int = 1,
+    num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
 ) -> LaunchPlan:
     """Grid and tiling for the temporal copy: 4 KiB tiles (one 16-byte vector per thread
-    with 8 warps); ``num_sms x PROGRAMS_PER_SM`` persistent programs on axis 0 (fewer if
-    there are fewer tiles); groups of at most :data:`MAX_ROWS_PER_PROGRAM` rows on axis 1.
+    with 8 warps) on axis 0, layers on axis 1 (so at most 65 535 layers), groups of rows on
+    axis 2: as few rows per group as keep the launch within ``max(TEMPORAL_PROGRAMS, tiles
+    x layers)`` programs, at most :data:`MAX_ROWS_PER_PROGRAM`.
 
-    ``ROWS_PER_PROGRAM`` is the batch size rounded up to a power of two, so each batch-size
+    ``ROWS_PER_PROGRAM`` is a power of two that follows the batch size, so each batch-size
     bucket compiles once: warm them up before serving, as for CUDA graphs.
 
     ``align`` (:func:`pool_align`) is a power of two dividing both pool strides. The kernel
     states it to the compiler itself, so that the code does not depend on what the launcher
     specialized: torch's launcher marks integer arguments divisible by 16, jax-triton 0.3
     does not, and without it the JAX-launched copy used 4-byte instead of 16-byte accesses.
-    ``num_sms`` (:func:`sm_count`) only sizes the grid; any value gives the same result.
     """
-    if not isinstance(num_sms, int) or num_sms < 1:
-        raise ValueError(f"num_sms must be an int >= 1, got {num_sms!r}")
     tile = max(16, min(next_pow2(block_numel), 4096 // itemsize))
     tiles, layers, rows = cdiv(block_numel, tile), max(1, num_layers), max(1, num_rows)
-    if tiles * layers + num_sms * PROGRAMS_PER_SM >= 2**31:  # the kernel counts in int32
-        raise ValueError(f"a temporal pool of {num_layers} layers x {block_numel} elements "
-                         "per block is too large for one copy launch")
-    per_program = next_pow2(min(rows, MAX_ROWS_PER_PROGRAM))
-    programs = min(num_sms * PROGRAMS_PER_SM, tiles * layers * per_program)
+    per_program = 1  # a power of two (a tl.arange), at most MAX_ROWS_PER_PROGRAM
+    while (per_program < min(rows, MAX_ROWS_PER_PROGRAM)
+           and tiles * layers * cdiv(rows, per_program) > TEMPORAL_PROGRAMS):
+        per_program *= 2
     return LaunchPlan(
         kernel=copy_temporal_kernel,
-        grid=(programs, cdiv(rows, per_program)),
+        grid=(tiles, layers, cdiv(rows, per_program)),
         inputs=("pool", "src", "dst"),
-        scalars=("num_rows", "num_layers", "layer_stride", "block_stride", "block_numel",
-                 "num_blocks"),
+        scalars=("num_rows", "layer_stride", "block_stride", "block_numel", "num_blocks"),
         outputs=("pool",),
         constexprs={"TILE": tile, "ROWS_PER_PROGRAM": per_program, "ALIGN": _pow2(align),
                     "EVEN": block_numel % tile == 0},
@@ -249,17 +220,6 @@ def _pow2(align: int) -> int:
     if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
         raise ValueError(f"align must be a power of two >= 1, got {align!r}")
     return align
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: int = 0) -> int:
-    """Streaming multiprocessors of CUDA device ``device`` (from Triton's driver), or 1 under
-    Triton's interpreter: what :func:`plan_copy_temporal` sizes its grid by."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return 1
-    from triton.runtime import driver
-
-    return int(driver.active.utils.get_device_properties(device)["multiprocessor_count"])
 
 
 def pool_align(scalars: dict, layout: str = "temporal", cap: int = 16) -> int:

@@ -41,7 +41,7 @@ shape = (4, 9, 32, 128, 128)
 scal = K.pool_scalars(shape, (9 * 32 * 128 * 128, 32 * 128 * 128, 128 * 128, 128, 1))
 plan = K.plan_copy_temporal(8, 4, scal["block_numel"], 4, K.pool_align(scal))
 sig = {"pool_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "num_rows": "i32",
-       "num_layers": "i32", "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
+       "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
        "num_blocks": "i32", "pool_ptr": "*i32"}
 ints = ["layer_stride", "block_stride", "block_numel"]
 out["temporal"] = [accesses(plan, sig, ptrs[:3] + ptrs[4:]),
@@ -53,29 +53,6 @@ sig = {"pool_in_ptr": "*i16", "src_ptr": "*i32", "dst_ptr": "*i32", "shift_ptr":
        "dim": "i32", "num_blocks": "i32", "pool_ptr": "*i16"}
 ints = ["layer_stride", "block_stride", "dim"]
 out["conv"] = [accesses(plan, sig, ptrs), accesses(plan, sig, ptrs + ints)]
-
-# registers per thread of the persistent temporal copy (int64 row ids: the most registers)
-import subprocess, tempfile
-import triton.backends.nvidia as nv
-ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
-scal = K.pool_scalars(shape, (9 * 32 * 128 * 128, 32 * 128 * 128, 128 * 128, 128, 1))
-sig = {"pool_in_ptr": "*i32", "src_ptr": "*i64", "dst_ptr": "*i64", "num_rows": "i32",
-       "num_layers": "i32", "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
-       "num_blocks": "i32", "pool_ptr": "*i32"}
-out["regs"] = {}
-for rows in (1, 64, K.copy.MAX_ROWS_PER_PROGRAM):
-    plan = K.plan_copy_temporal(rows, 36, scal["block_numel"], 4, K.pool_align(scal), 132)
-    names = plan.kernel.arg_names
-    src = ASTSource(fn=plan.kernel, signature={n: sig.get(n, "constexpr") for n in names},
-                    constexprs=dict(plan.constexprs),
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in ptrs[:3] + ptrs[4:]})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": plan.num_warps}).asm["ptx"]
-    with tempfile.TemporaryDirectory() as d:
-        open(f"{d}/k.ptx", "w").write(ptx)
-        r = subprocess.run([ptxas, "-v", "--gpu-name=sm_90a", f"{d}/k.ptx", "-o", f"{d}/k.cubin"],
-                           capture_output=True, text=True, check=True)
-    out["regs"][rows] = [int(re.search(r"Used (\d+) registers", r.stderr).group(1)), plan.num_warps]
 print(json.dumps(out))
 """
 
@@ -99,13 +76,3 @@ def test_copy_kernels_vectorize_whatever_the_launcher(ptx_accesses, pool):
     assert any(k.startswith("ld.") for k in data) and any(k.startswith("st.") for k in data)
     assert not any(k.endswith((".b16", ".b8")) or (k.startswith("st.") and ".v4." not in k)
                    for k in jax_like), jax_like
-
-
-def test_temporal_copy_fits_its_programs_per_sm(ptx_accesses):
-    # The persistent grid is one wave of PROGRAMS_PER_SM programs per SM: that holds only if
-    # they fit the 64 K registers of an SM (sm_90), at every rows-per-program size.
-    from mamba_align.kernels.copy import PROGRAMS_PER_SM
-
-    for rows, (regs, warps) in ptx_accesses["regs"].items():
-        allocated = -(-regs // 8) * 8  # per thread, in steps of 8
-        assert allocated * 32 * warps * PROGRAMS_PER_SM <= 65536, (rows, regs)

@@ -115,30 +115,30 @@ def test_copy_grids_stay_near_the_target_program_count():
     # layers x block size (it used to: 1.2 M programs, 713 us, at 256 rows of 36 x 2 MiB).
     from mamba_align.kernels import copy as kc
 
-    numel, sms = 32 * 128 * 128, 132
-    wave = sms * kc.PROGRAMS_PER_SM
-    for rows in (1, 8, 64, 256, 1000, 4096):
-        plan = kc.plan_copy_temporal(rows, 36, numel, 4, 16, sms)
-        per_program = plan.constexprs["ROWS_PER_PROGRAM"]
-        assert per_program == min(1 << (rows - 1).bit_length(), kc.MAX_ROWS_PER_PROGRAM)
-        # one wave of programs per group of rows (one group up to MAX_ROWS_PER_PROGRAM)
-        assert plan.grid == (wave, -(-rows // per_program)) and plan.constexprs["EVEN"]
+    numel = 32 * 128 * 128
+    for rows in (1, 8, 64, 256, 4096):
+        plan = kc.plan_copy_temporal(rows, 36, numel, 4, 16)
+        tiles, layers, groups = plan.grid
+        # one program per tile and layer (per 1024 rows for huge batches)
+        assert (tiles, layers) == (512, 36) and groups == -(-rows // kc.MAX_ROWS_PER_PROGRAM)
+        assert tiles * layers * groups <= 512 * 36 * -(-rows // kc.MAX_ROWS_PER_PROGRAM)
+        assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
         conv = kc.plan_copy_conv(rows, 36, 3, 8192, 2, "SD", 16)
         assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
         assert conv.grid[1] * conv.constexprs["TILES_PER_PROGRAM"] * conv.constexprs["TILE_D"] >= 8192
-    # no more programs than units of work (a tile of a layer of a row)
-    assert kc.plan_copy_temporal(2, 2, 4096, 4, 16, sms).grid == (4 * 2 * 2, 1)
+    # small blocks: rows spread over programs up to the target
+    plan = kc.plan_copy_temporal(64, 2, 4096, 4, 16)
+    assert plan.grid == (4, 2, 64) and plan.constexprs["ROWS_PER_PROGRAM"] == 1
+    plan = kc.plan_copy_temporal(10_000, 2, 4096, 4, 16)
+    assert plan.grid[0] * plan.grid[1] * plan.grid[2] <= kc.TEMPORAL_PROGRAMS
     # a huge batch: rows per program capped (they live in registers), groups stay in the grid
-    plan = kc.plan_copy_temporal(3_000_000, 36, numel, 4, 16, sms)
+    plan = kc.plan_copy_temporal(3_000_000, 36, numel, 4, 16)
     assert plan.constexprs["ROWS_PER_PROGRAM"] == kc.MAX_ROWS_PER_PROGRAM
-    assert plan.grid[1] * kc.MAX_ROWS_PER_PROGRAM >= 3_000_000 and plan.grid[1] <= 65_535
-    with pytest.raises(ValueError, match="num_sms"):
-        kc.plan_copy_temporal(2, 2, 4096, 4, 16, 0)
+    assert plan.grid[2] * kc.MAX_ROWS_PER_PROGRAM >= 3_000_000 and plan.grid[2] <= 65_535
 
 
-@pytest.mark.parametrize("rows_per_program,programs", [(1, 3), (4, 7), (16, 1), (1024, 40)])
-def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program, programs):
-    # Any number of persistent programs and any row grouping copy the same bytes.
+@pytest.mark.parametrize("rows_per_program", [1, 4, 16, 1024])
+def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program):
     import dataclasses
 
     from mamba_align.backends.torch import ops as tops
@@ -155,7 +155,7 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program, prog
     base = plan_copy_temporal(rows, 2, numel, 4)
     assert not base.constexprs["EVEN"]
     grouped = dataclasses.replace(
-        base, grid=(programs, -(-rows // rows_per_program)),
+        base, grid=base.grid[:2] + (-(-rows // rows_per_program),),
         constexprs=dict(base.constexprs, ROWS_PER_PROGRAM=rows_per_program))
     bits = pool.view(torch.int32)
     idx = lambda a: torch.as_tensor(a, device=DEVICE)  # noqa: E731

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from ... import kernels as K
-from .bridge import launch, on_gpu
+from .bridge import launch
 
 INDEX_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
 _BITS = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
@@ -211,8 +211,7 @@ def copy_temporal(pool, src, dst):
         return pool
     scal = K.pool_scalars(tuple(pool.shape), _row_major(pool.shape))
     out = launch(K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
-                                      jnp.dtype(pool.dtype).itemsize, K.pool_align(scal),
-                                      K.sm_count() if on_gpu() else 1),
+                                      jnp.dtype(pool.dtype).itemsize, K.pool_align(scal)),
                  {"pool": bits, "src": src, "dst": dst}, dict(scal, num_rows=src.shape[0]), {})
     return _from_bits(out["pool"], pool)
 

@@ -239,15 +239,8 @@ def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> 
         return
     scal = K.pool_scalars(tuple(bits.shape), bits.stride())
     plan = K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
-                                pool.element_size(), K.pool_align(scal),
-                                _sm_count(dev))
+                                pool.element_size(), K.pool_align(scal))
     _launch(plan, {"pool": bits, "src": src, "dst": dst}, dict(scal, num_rows=src.shape[0]))
-
-
-def _sm_count(dev: torch.device) -> int:
-    if dev.type != "cuda":
-        return 1
-    return K.sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 @copy_temporal_.register_fake
