@@ -1,0 +1,73 @@
+"""GPU-only properties of the JAX backend (run by ``make gpu`` on the device machine).
+
+Pools past 2^31 elements through jax-triton: the kernels' offsets are 64-bit, and a stride
+of 2^31 elements or more reaches the kernel as a u32 / i64 scalar. Scalars are Python ints
+handed to jax-triton, so this needs no ``jax_enable_x64``.
+"""
+
+import pytest
+
+jax = pytest.importorskip("jax")
+jnp = pytest.importorskip("jax.numpy")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs JAX on a GPU (make gpu)"),
+]
+
+
+def _pattern(shape, seed):
+    """Distinct int8 content per element (a hash of the flat index), as a jitted fill."""
+    idx = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
+    for axis in range(len(shape) - 1):
+        idx = idx + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(7919)
+    return ((idx * jnp.uint32(2654435761) + jnp.uint32(seed)) >> 24).astype(jnp.int8)
+
+
+def test_temporal_pool_with_a_layer_stride_beyond_2_31():
+    from mamba_align.backends.jax import ops
+
+    L, NB, E = 2, 33, 2**26  # int8: layer stride 33 * 2^26 > 2^31, 4.4 G elements
+    assert NB * E > 2**31 and L * NB * E > 2**32
+
+    @jax.jit
+    def make():
+        p = jnp.zeros((L, NB, E), jnp.int8)
+        p = p.at[:, NB - 1].set(_pattern((L, E), 1))
+        return p.at[:, 1].set(_pattern((L, E), 2))
+
+    pool = make()
+    copy = jax.jit(ops.copy_temporal, donate_argnums=0)
+    src, dst = jnp.array([NB - 1, 1], jnp.int32), jnp.array([2, NB - 2], jnp.int32)
+    pool = copy(pool, src, dst)
+    check = jax.jit(lambda p: (jnp.array_equal(p[:, 2], _pattern((L, E), 1)),
+                               jnp.array_equal(p[:, NB - 2], _pattern((L, E), 2)),
+                               jnp.array_equal(p[:, NB - 1], _pattern((L, E), 1)),
+                               jnp.all(p[:, NB - 3] == 0), jnp.all(p[:, 3] == 0)))
+    assert [bool(x) for x in check(pool)] == [True] * 5
+
+
+def test_conv_pool_with_a_layer_stride_beyond_2_31():
+    from mamba_align.backends.jax import ops
+
+    L, NB, W, D = 2, 700, 3, 2**20  # int8 SD: layer stride 700 * 3 * 2^20 > 2^31
+    assert NB * W * D > 2**31
+
+    @jax.jit
+    def make():
+        p = jnp.zeros((L, NB, W, D), jnp.int8)
+        p = p.at[:, NB - 1].set(_pattern((L, W, D), 3))
+        return p.at[:, NB - 3].set(_pattern((L, W, D), 4))
+
+    pool = make()
+    copy = jax.jit(lambda p, s, d, sh: ops.copy_conv(p, s, d, sh, "SD"), donate_argnums=0)
+    # shift 1 from the last block into NB - 2; an in-place shift by 2 of block NB - 3
+    src, dst = jnp.array([NB - 1, NB - 3], jnp.int32), jnp.array([NB - 2, NB - 3], jnp.int32)
+    pool = copy(pool, src, dst, jnp.array([1, 2], jnp.int32))
+    a, b = _pattern((L, W, D), 3), _pattern((L, W, D), 4)
+    check = jax.jit(lambda p: (jnp.array_equal(p[:, NB - 2, :2], a[:, 1:]),
+                               jnp.all(p[:, NB - 2, 2] == 0),  # rows W - shift.. untouched
+                               jnp.array_equal(p[:, NB - 3, :1], b[:, 2:]),
+                               jnp.array_equal(p[:, NB - 3, 1:], b[:, 1:]),
+                               jnp.array_equal(p[:, NB - 1], a)))
+    assert [bool(x) for x in check(pool)] == [True] * 5
