@@ -5,16 +5,18 @@ XLA's gather and scatter both run near the device-to-device ceiling, so the rati
 reach 2x only if our single pass does too. This probe times, in one process and on the
 same bytes, the pieces that separate our copy from the ceiling:
 
-- ``d2d``: ``b.copy_(a)`` of contiguous buffers (the ceiling of bench_copy);
+- ``d2d``: ``b.copy_(a)`` of contiguous int32 buffers, timed in a CUDA graph. Not the
+  ceiling: bench_copy's eager uint8 copy of the same bytes runs about 1.5x faster;
 - ``read``/``write``: a Triton kernel that only loads (and keeps a checksum) or only
   stores: the HBM's one-way rates;
 - ``flat``: a Triton copy between two contiguous buffers, same tile as the library;
-- ``flat-inplace``: the same within one buffer (what aliasing costs, if anything);
+- ``flat-inplace``: the same between the two disjoint halves of one allocation (what
+  sharing an allocation costs, if anything; no element is both read and written);
 - ``library``: ``copy_temporal_`` on the serving pool (36 layers x 2 MiB) at B rows: one
   program per 4 KiB tile and layer, looping over the rows that copy (17.5 waves of equal
   programs on the H200, so the last wave is half empty);
 - ``one-row``: one program per tile, layer and row, no loop (the fastest full copy, but a
-  launch in which no row copies costs ~2.8 ms at 256 rows);
+  launch in which no row copies costs 2.84 ms at 256 rows: results/tune_split2.log);
 - ``persistent``: one wave of 8 programs per SM sharing the (copying row, layer, tile)
   units evenly, program p taking units p, p + P, ...; the unit's digits are advanced
   without divisions and a row's block ids looked up only when the row changes. No tail,
@@ -23,9 +25,11 @@ same bytes, the pieces that separate our copy from the ceiling:
 - ``chunked xg``: persistent, g waves, each program a contiguous range of units (its
   successive tiles stay within one block: rules out TLB reach);
 - ``waves=w``, ``tile=t,w=n``: the persistent kernel with w times its program count, or
-  bigger tiles per unit (more bytes in flight per program);
+  bigger tiles per unit (more bytes in flight per program; with 16 KiB tiles a program
+  needs 36-38 registers per thread, 6 fit an SM, and the grid is 1.33 waves);
 - JAX: the library via jax-triton and XLA's gather + scatter, per kernel from a profiler
-  trace (raw traffic: XLA moves each byte twice, through a temporary).
+  trace. TB/s count the bytes the copy needs (read + write once): XLA moves each byte
+  twice, through a temporary, so each of its two kernels runs at twice its printed rate.
 
 It also prints the registers per thread of the Triton kernels (occupancy) and the compiled
 HLO of a jitted pre-copy step (which XLA kernels it runs besides ours).
