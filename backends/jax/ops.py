@@ -16,15 +16,17 @@ import jax.numpy as jnp
 from ... import kernels as K
 from .bridge import launch
 
+Array = jax.Array
 INDEX_DTYPES = (jnp.dtype(jnp.int32), jnp.dtype(jnp.int64))
 _BITS = {1: jnp.int8, 2: jnp.int16, 4: jnp.int32, 8: jnp.int64}
 
 
-def row_dtype():
+def row_dtype() -> type:
+    """The dtype of per-row outputs: int64 with ``jax_enable_x64``, int32 otherwise."""
     return jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
 
 
-def index_array(name: str, x, shape: Sequence[Optional[int]], flags: bool = False):
+def index_array(name: str, x: Array, shape: Sequence[Optional[int]], flags: bool = False) -> Array:
     """Check a JAX integer array (``flags``: bool/int8/int32 also) of the given shape."""
     if not hasattr(x, "dtype") or not hasattr(x, "shape"):
         raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
@@ -88,7 +90,8 @@ def _flags(name: str, x, rows: int):
     return index_array(name, x, (rows,), flags=True)
 
 
-def add_requests(state_idx, acc, num_computed, slots, num_computed_new, block_size: int):
+def add_requests(state_idx: Array, acc: Array, num_computed: Array, slots: Array,
+                 num_computed_new: Array, block_size: int) -> Tuple[Array, Array, Array]:
     """Seed ``slots`` ([n]) with ``num_computed_new`` ([n]); returns the three per-slot
     arrays updated."""
     K.check_step_scalars(block_size)
@@ -105,8 +108,8 @@ def add_requests(state_idx, acc, num_computed, slots, num_computed_new, block_si
     return out["state_idx"], out["acc"], out["num_computed"]
 
 
-def preprocess(state_idx, acc, num_computed, idx_mapping, query_len, block_table,
-               block_size: int) -> Dict[str, jax.Array]:
+def preprocess(state_idx: Array, acc: Array, num_computed: Array, idx_mapping: Array,
+               query_len: Array, block_table: Array, block_size: int) -> Dict[str, Array]:
     """SPEC.md §2 steps 1-2: returns ``state_idx``/``acc`` updated and per-row ``src_col``,
     ``src_off``, ``new_col`` and the pre-copy plan ``copy_tsrc/csrc/dst/shift``."""
     K.check_step_scalars(block_size)
@@ -126,8 +129,9 @@ def preprocess(state_idx, acc, num_computed, idx_mapping, query_len, block_table
                   {n: _rows(rows) for n in names})
 
 
-def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, acc,
-            num_spec: int, mode: str) -> Tuple[jax.Array, ...]:
+def resolve(idx_mapping: Array, query_len: Array, is_spec: Array, block_table: Array,
+            src_col: Array, src_off: Array, new_col: Array, acc: Array, num_spec: int,
+            mode: str) -> Tuple[Array, ...]:
     """SPEC.md §4 slots: ``(temporal_read, conv_read, conv_read_off, temporal_write
     [rows, 1 + S], conv_write)``."""
     K.check_step_scalars(1, num_spec)
@@ -152,9 +156,9 @@ def resolve(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_
     return tuple(out[n] for n in plan.outputs)
 
 
-def preprocess_resolve(state_idx, acc, num_computed, idx_mapping, query_len, is_spec,
-                       block_table, block_size: int, num_spec: int,
-                       mode: str) -> Dict[str, jax.Array]:
+def preprocess_resolve(state_idx: Array, acc: Array, num_computed: Array, idx_mapping: Array,
+                       query_len: Array, is_spec: Array, block_table: Array, block_size: int,
+                       num_spec: int, mode: str) -> Dict[str, Array]:
     """:func:`preprocess` then :func:`resolve` in one kernel launch: the outputs of both,
     by name (``state_idx``/``acc`` updated)."""
     K.check_step_scalars(block_size, num_spec)
@@ -176,8 +180,9 @@ def preprocess_resolve(state_idx, acc, num_computed, idx_mapping, query_len, is_
                   dict(scal, num_rows=rows, block_size=block_size), specs)
 
 
-def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled,
-                block_table, block_size: int) -> Dict[str, jax.Array]:
+def postprocess(state_idx: Array, acc: Array, num_computed: Array, idx_mapping: Array,
+                query_len: Array, is_spec: Array, num_sampled: Array, block_table: Array,
+                block_size: int) -> Dict[str, Array]:
     """SPEC.md §2 steps 5-7: returns ``acc``/``num_computed`` updated, ``cache_col`` and the
     post-process copy plan ``copy_tsrc/csrc/dst/shift``."""
     K.check_step_scalars(block_size)
@@ -201,9 +206,10 @@ def postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, n
                   {n: _rows(rows) for n in names})
 
 
-def copy_temporal(pool, src, dst):
+def copy_temporal(pool: Array, src: Array, dst: Array) -> Array:
     """Returns ``pool`` with ``pool[:, dst] = pool[:, src]`` (bit copy) on rows with valid
-    ids (``0 <= id < NB``, not the same block); other rows copy nothing. ``pool`` ``[L, NB, ...]``; ``src``/``dst`` int ``[rows]``."""
+    ids (``0 <= id < NB``, not the same block); other rows copy nothing. ``pool``
+    ``[L, NB, ...]`` of any numeric dtype; ``src``/``dst`` int32/int64 ``[rows]``."""
     bits = _pool_bits("pool", pool, tuple(pool.shape[2:]))
     index_array("src", src, (None,))
     index_array("dst", dst, (src.shape[0],))
@@ -216,7 +222,7 @@ def copy_temporal(pool, src, dst):
     return _from_bits(out["pool"], pool)
 
 
-def copy_conv(pool, src, dst, shift, layout: str):
+def copy_conv(pool: Array, src: Array, dst: Array, shift: Array, layout: str) -> Array:
     """Returns ``pool`` with the conv window of ``src`` shifted left by ``shift`` rows into
     ``dst`` (memmove-safe in place). ``pool`` ``[L, NB, W, D]`` ("SD") or ``[L, NB, D, W]``."""
     if layout not in ("SD", "DS"):

@@ -76,14 +76,22 @@ def _copy(config: CacheConfig, pools: Pools, tsrc, csrc, dst, shift) -> Pools:
     return out
 
 
-def add_requests(state: SlotArrays, slots, num_computed, config: CacheConfig) -> SlotArrays:
-    """Seed ``slots`` ([n] int) with their computed tokens (0 fresh, k·B on a prefix hit)."""
+def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array,
+                 config: CacheConfig) -> SlotArrays:
+    """Seed ``slots`` ([n] int32/int64) with their computed tokens ``num_computed`` ([n]:
+    0 fresh, k·B on a prefix hit)."""
     return SlotArrays(*ops.add_requests(*state, slots, num_computed, config.block_size))
 
 
-def preprocess(state: SlotArrays, pools: Pools, idx_mapping, query_len, is_spec, block_table,
-               config: CacheConfig, mode: str = "pre-copy") -> Tuple[SlotArrays, Pools, JaxSlots]:
-    """Bookkeeping, the pre-copy (pre-copy mode) and slot resolution for one step."""
+def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_len: jax.Array,
+               is_spec: jax.Array, block_table: jax.Array, config: CacheConfig,
+               mode: str = "pre-copy") -> Tuple[SlotArrays, Pools, JaxSlots]:
+    """Bookkeeping, the pre-copy (pre-copy mode) and slot resolution for one step.
+
+    ``idx_mapping`` ([rows] int: the slot of each batch row), ``query_len`` ([rows] int),
+    ``is_spec`` ([rows] bool/int8/int32), ``block_table`` ([num_slots, cols] int); ``pools``
+    maps each state name of ``config`` to its ``[L, NB, *block]`` pool. Returns the new
+    state and pools and the rows' resolved slots (per-row arrays int32, int64 with x64)."""
     _check(config, pools, mode)
     out = ops.preprocess_resolve(*state, idx_mapping, query_len, is_spec, block_table,
                                  config.block_size, config.num_spec, mode)
@@ -95,10 +103,12 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping, query_len, is_spec,
                                   out["src_off"], out["new_col"])
 
 
-def postprocess(state: SlotArrays, pools: Pools, idx_mapping, query_len, is_spec, num_sampled,
-                block_table, config: CacheConfig) -> Tuple[SlotArrays, Pools, jax.Array]:
-    """Accept ``num_sampled`` and save boundary snapshots; returns the new state, pools and
-    per-row ``cache_col`` (the column whose block may enter the prefix cache, -1 if none)."""
+def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_len: jax.Array,
+                is_spec: jax.Array, num_sampled: jax.Array, block_table: jax.Array,
+                config: CacheConfig) -> Tuple[SlotArrays, Pools, jax.Array]:
+    """Accept ``num_sampled`` ([rows] int) and save boundary snapshots (other arguments as
+    in :func:`preprocess`); returns the new state, pools and per-row ``cache_col`` ([rows]:
+    the column whose block may enter the prefix cache, -1 if none)."""
     _check(config, pools)
     post = ops.postprocess(*state, idx_mapping, query_len, is_spec, num_sampled, block_table,
                            config.block_size)
