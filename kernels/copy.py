@@ -136,8 +136,8 @@ def copy_conv_kernel(
 #: ``benchmarks/tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows
 #: among 256 at 3.97 TB/s. The conv grid runs several channel tiles per program.
 #: Measured alternatives (``benchmarks/probe_copy_limit.py``): one program per tile, layer
-#: and row copies 1-4 % faster but costs 2.8 ms per no-copy launch at 256 rows; a persistent
-#: one-wave grid costs 2-2.5 us there but copies 1-3 % slower.
+#: and row copies up to 4 % faster but costs 2.8 ms per no-copy launch at 256 rows; a
+#: persistent one-wave grid costs 2-2.5 us there but copies up to 3 % slower.
 TEMPORAL_PROGRAMS = 4096
 CONV_PROGRAMS = 16384
 #: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
