@@ -14,13 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prefix_scenario import CFG, NUM_BLOCKS, NUM_SLOTS, D, K, report, serve
+
 from mamba_align.backends import jax as mj
-from mamba_align.core import CacheConfig, ConvSpec, Scheduler, TemporalSpec
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")  # eager on purpose
-B, S, K, D = 4, 2, 3, 8
-CFG = CacheConfig(B, S, 1, {"conv": ConvSpec(K, D, "SD", "float32"),
-                            "ssm": TemporalSpec((D,), "float32")})
 k1, k2 = jax.random.split(jax.random.key(0))
 EMB = jax.random.normal(k1, (64, D))  # token id -> input vector
 W = jax.random.normal(k2, (K, D))  # depthwise conv weights
@@ -55,49 +53,25 @@ def toy_layer(pools, slots, batch):
     return {"conv": conv, "ssm": ssm}, outs
 
 
-def serve(requests, num_blocks=48):
-    sched = Scheduler(CFG, num_blocks, max_num_seqs=4, max_num_tokens=16, max_model_len=64)
-    state = mj.init_state(4)
-    pools = {n: jnp.zeros(CFG.pool_shape(n, num_blocks)) for n in CFG.states}
-    outputs = {rid: {} for rid in requests}
-    pending, step = dict(requests), 0
+def main() -> None:
+    carry = {"state": mj.init_state(NUM_SLOTS),
+             "pools": {n: jnp.zeros(CFG.pool_shape(n, NUM_BLOCKS)) for n in CFG.states}}
     i32 = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
-    while pending or sched.has_unfinished():
-        for rid in [r for r, (t, *_) in pending.items() if t <= step]:
-            _, prompt, output = pending.pop(rid)
-            sched.add_request(rid, prompt, output)
-        step += 1
-        if not sched.has_unfinished():
-            continue
-        batch = sched.schedule()
-        state = mj.add_requests(state, i32(batch.added_slots), i32(batch.added_num_computed), CFG)
+
+    def step(batch, sample):  # pure step functions: the new state and pools are carried
+        state = mj.add_requests(carry["state"], i32(batch.added_slots),
+                                i32(batch.added_num_computed), CFG)
         idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
         spec = jnp.asarray(batch.is_spec)
-        starts = {int(r): sched.requests[int(r)].num_computed for r in batch.req_ids}
-        state, pools, slots = mj.preprocess(state, pools, idx, q, spec, bt, CFG, "pre-copy")
-        pools, ys = toy_layer(pools, slots, batch)
-        num_sampled = sched.sample(batch)
+        state, pools, slots = mj.preprocess(state, carry["pools"], idx, q, spec, bt, CFG,
+                                            "pre-copy")
+        pools, ys = toy_layer(pools, slots, batch)  # the model's forward pass
+        num_sampled = sample()
         state, pools, _ = mj.postprocess(state, pools, idx, q, spec, i32(num_sampled), bt, CFG)
-        for b, rid in enumerate(batch.req_ids):
-            keep = len(ys[b]) if not batch.is_spec[b] else int(num_sampled[b])
-            for j in range(keep):
-                outputs[int(rid)][starts[int(rid)] + j] = ys[b][j]
-        sched.update(batch, num_sampled)
-    return outputs, sched
+        carry.update(state=state, pools=pools)
+        return ys, num_sampled
 
-
-def main() -> None:
-    prompt, out0 = list(range(1, 12)), list(range(20, 30))
-    reqs = {0: (0, prompt, out0), 1: (20, (prompt + out0)[:18] + [40], [41, 42])}
-    outputs, sched = serve(reqs)
-    hit = sched.requests[1].hit_tokens
-    shared = sorted(p for p in outputs[1] if p < 18 and p in outputs[0])
-    same = all(outputs[0][p] == outputs[1][p] for p in shared)
-    print(f"request 1 resumed from a cached block after {hit} tokens")
-    print(f"positions it computed itself that request 0 also computed: {shared}")
-    print(f"outputs identical bit for bit: {same}")
-    if hit != 16 or not shared or not same:
-        raise SystemExit("prefix caching was not exact")
+    report(*serve(step))
 
 
 if __name__ == "__main__":
