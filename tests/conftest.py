@@ -6,6 +6,7 @@ kernel tests run through it. Hypothesis runs without deadlines: the interpreter 
 """
 
 import os
+import pathlib
 import shutil
 
 if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
@@ -13,7 +14,31 @@ if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
 # torch and JAX share the GPU in one test process: no JAX preallocation of 75% of it
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class _RootIsNotATestPackage:
+    """The repository root is the package ``mamba_align`` (its ``__init__.py`` sits there),
+    so pytest would collect it as a test package and import it under the checkout folder's
+    name: a second copy of the library (``main.core``, ...) or, in a folder such as
+    ``mamba-align``, an import error in every test. The tests import the installed
+    ``mamba_align`` instead; the root is collected as a plain directory."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collect_directory(self, path, parent):
+        if path == ROOT:
+            return pytest.Dir.from_parent(parent, path=path)
+        return None
+
+
+def pytest_configure(config):
+    # registered as a plugin, not a conftest hook: conftest hooks only see paths below
+    # tests/, and the root is collected above it
+    config.pluginmanager.register(_RootIsNotATestPackage(), "mamba-align-root-dir")
+
 
 settings.register_profile(
     "default",

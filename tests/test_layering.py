@@ -71,3 +71,32 @@ def test_top_level_import_loads_no_framework():
 
 def test_tests_folder_is_not_a_package():
     assert not (ROOT / "tests" / "__init__.py").exists()
+
+
+PACKAGE_DIRS = ("core", "kernels", "backends")
+
+
+def test_library_is_imported_once_under_its_own_name():
+    # pytest must not import the repository root under the checkout folder's name (a
+    # second copy of the library, or import errors in a folder such as ``mamba-align``):
+    # every loaded module from the package's files is ``mamba_align.<path>``.
+    import mamba_align.backends  # noqa: F401  (at least the package itself is loaded)
+
+    bad = []
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None)
+        if not f:
+            continue
+        path = pathlib.Path(f).resolve()
+        if ROOT not in path.parents:
+            continue
+        rel = path.relative_to(ROOT).with_suffix("")
+        if rel.parts[0] not in PACKAGE_DIRS + ("__init__",):
+            continue  # tests, examples, benchmarks: not the package
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        if name != ".".join(("mamba_align",) + parts):
+            bad.append(f"{name} ({path.relative_to(ROOT)})")
+    assert sys.modules["mamba_align"].__file__ == str(ROOT / "__init__.py")
+    if ROOT.name != "mamba_align":
+        bad += [m for m in sys.modules if m == ROOT.name or m.startswith(ROOT.name + ".")]
+    assert not bad, "modules imported under another name: " + ", ".join(sorted(set(bad)))
