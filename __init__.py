@@ -19,7 +19,7 @@ from .core import (
     init_slots,
     postprocess,
     preprocess,
-    resolve_slots,
+    resolve_blocks,
 )
 
 __version__ = "0.1.0"
@@ -35,7 +35,7 @@ __all__ = [
     "preprocess",
     "accept",
     "postprocess",
-    "resolve_slots",
+    "resolve_blocks",
     "Scheduler",
     "SymbolicRunner",
     "__version__",

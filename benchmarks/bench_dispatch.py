@@ -54,7 +54,7 @@ from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec  # noqa: E402
 SCAN = 16  # steps per jitted lax.scan in the decode-loop variant
 #: XLA flag of the "+cmdbuf" variants: capture even single commands in CUDA graphs
 CMDBUF_FLAGS = "--xla_gpu_graph_min_graph_size=1"
-SLOT_FIELDS = ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write")
+SLOT_FIELDS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
 
 
 def setup(small: bool) -> Dict[str, Any]:

@@ -30,7 +30,7 @@ from .copy_ref import (
 from .scheduler import Request, Scheduler, exact_drafter, random_drafter
 from .step_batch import CachedBlock, StepBatch, StepResult, pad_batch
 from .simulate import RowRecord, StepRecord, SymbolicRunner
-from .slots import MODES, KernelSlots, check_mode, gather_columns, resolve_slots, window_blocks
+from .resolve import MODES, KernelBlocks, Mode, check_mode, gather_columns, resolve_blocks, window_blocks
 from .symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
 
 __all__ = [name for name in dir() if not name.startswith("_")]

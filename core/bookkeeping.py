@@ -40,8 +40,8 @@ class PreprocessPlan:
     """Per batch row (int64 ``[rows]``): previous column, bias, new column, crossing flag."""
 
     src_col: np.ndarray  # previous running column, -1 when fresh or skipped
-    src_off: np.ndarray  # accepted-token bias max(acc - 1, 0)
-    state_idx: np.ndarray  # new running column, -1 for skipped rows
+    src_bias: np.ndarray  # accepted-token bias max(acc - 1, 0)
+    run_col: np.ndarray  # the row's running column (state_idx after step 1), -1 if skipped
     crossing: np.ndarray  # bool: src_col >= 0 and src_col != state_idx
 
 
@@ -52,7 +52,7 @@ class PostprocessPlan:
     ``copy[b]``: whether ``copy_block(src=state_idx, dst=dest, bias)`` runs;
     ``dest[b]``/``bias[b]``: its column and bias (-1/0 when no boundary was reached);
     ``cache_col[b]``: the column whose block may be recorded in the prefix cache, -1 if none;
-    ``state_idx[b]``: the running column (the copy's source column), -1 for skipped rows.
+    ``run_col[b]``: the row's running column (the copy's source column), -1 if skipped.
     """
 
     copy: np.ndarray
@@ -134,17 +134,17 @@ def preprocess(state: SlotState, idx_mapping, query_len, block_size: int):
     slot = idx[live]
 
     src_col = np.full(idx.shape, -1, np.int64)
-    src_off = np.zeros(idx.shape, np.int64)
-    new_col = np.full(idx.shape, -1, np.int64)
+    src_bias = np.zeros(idx.shape, np.int64)
+    run_col = np.full(idx.shape, -1, np.int64)
     src_col[live] = state.state_idx[slot]
-    src_off[live] = np.maximum(state.acc[slot] - 1, 0)
-    new_col[live] = running_column(src_col[live], state.num_computed[slot] + q[live], b)
-    crossing = live & (src_col >= 0) & (src_col != new_col)
+    src_bias[live] = np.maximum(state.acc[slot] - 1, 0)
+    run_col[live] = running_column(src_col[live], state.num_computed[slot] + q[live], b)
+    crossing = live & (src_col >= 0) & (src_col != run_col)
 
     out = state.copy()
-    out.state_idx[slot] = new_col[live]
+    out.state_idx[slot] = run_col[live]
     out.acc[idx[crossing]] = 1
-    return out, PreprocessPlan(src_col, src_off, new_col, crossing)
+    return out, PreprocessPlan(src_col, src_bias, run_col, crossing)
 
 
 def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> SlotState:
@@ -212,6 +212,6 @@ def postprocess(state: SlotState, idx_mapping, block_size: int):
         dest=per_row(dest, -1),
         bias=per_row(bias, 0),
         cache_col=per_row(dest, -1),
-        state_idx=per_row(col, -1),
+        run_col=per_row(col, -1),
     )
     return out, plan

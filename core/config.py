@@ -16,14 +16,16 @@ from typing import Dict, Mapping, Tuple, Union
 
 from .checks import positive_int
 
-#: Element types a pool may hold. Copies are bit copies, so any of them works everywhere.
+#: Element types a pool may hold. Copies are bit copies, so any of them works everywhere;
+#: the integer ones hold labels (the symbolic model of :mod:`.symbolic`), not states.
 DTYPES = ("float32", "bfloat16", "float16")
+LABEL_DTYPES = ("int32",)
 LAYOUTS = ("SD", "DS")
 
 
 def _check_dtype(owner: str, dtype: str) -> None:
-    if dtype not in DTYPES:
-        raise ValueError(f"{owner}.dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype not in DTYPES + LABEL_DTYPES:
+        raise ValueError(f"{owner}.dtype must be one of {DTYPES + LABEL_DTYPES}, got {dtype!r}")
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,28 @@ class CacheConfig:
             raise KeyError(f"no state named {name!r}; known: {sorted(self.states)}")
         positive_int("num_blocks", num_blocks)
         return (self.num_layers, num_blocks) + self.states[name].block_shape(self.num_spec)
+
+    def check_pools(self, pools: Mapping[str, Tuple[Tuple[int, ...], str]]) -> None:
+        """Check pools against the config before any launch, for every backend: ``pools``
+        maps a pool name to its ``(shape, dtype name)``. Every name of ``states`` must be
+        there with shape ``[num_layers, NB >= 1, *block_shape]`` (which also fixes the conv
+        layout) and the spec's dtype. Entries that are not states are ignored (a caller
+        may keep other arrays in the same mapping)."""
+        for name, spec in self.states.items():
+            if name not in pools:
+                raise KeyError(f"pools has no entry {name!r} (config states: "
+                               f"{sorted(self.states)})")
+            shape, dtype = pools[name]
+            want = spec.block_shape(self.num_spec)
+            shape = tuple(int(s) for s in shape)
+            if len(shape) != 2 + len(want) or shape[2:] != want or shape[0] != self.num_layers \
+                    or shape[1] < 1:
+                layout = f" ({spec.layout})" if isinstance(spec, ConvSpec) else ""
+                raise ValueError(f"pools[{name!r}] must be [L={self.num_layers}, NB, "
+                                 f"{', '.join(map(str, want))}]{layout}, got {list(shape)}")
+            if dtype != spec.dtype:
+                raise TypeError(f"pools[{name!r}] has dtype {dtype}, the config's spec says "
+                                f"{spec.dtype}")
 
     def columns_needed(self, num_tokens: int) -> int:
         """Block-table columns a request with ``num_tokens`` tokens (drafts included) needs."""

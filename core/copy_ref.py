@@ -3,9 +3,9 @@
 A copy is resolved per batch row into physical blocks by :func:`copy_plan`, then applied
 to each pool by :func:`apply_copy`:
 
-* temporal: ``pool[:, dst] = pool[:, temporal_src]`` (the accepted candidate);
-* conv SD: ``pool[:, dst, 0 : W - shift] = pool[:, conv_src, shift : W]``, rows
-  ``W - shift ...`` untouched; DS: the same along the last axis. ``conv_src == dst`` is a
+* temporal: ``pool[:, dst] = pool[:, tsrc]`` (the accepted candidate);
+* conv SD: ``pool[:, dst, 0 : W - bias] = pool[:, csrc, bias : W]``, rows
+  ``W - bias ...`` untouched; DS: the same along the last axis. ``csrc == dst`` is a
   left shift in place with ``memmove`` semantics.
 
 A row whose source is negative does nothing. This is the oracle the copy kernels equal.
@@ -21,22 +21,22 @@ import numpy as np
 from .bookkeeping import PostprocessPlan, PreprocessPlan
 from .checks import bool_array, index_array, instance
 from .config import CacheConfig, ConvSpec
-from .slots import gather_columns
+from .resolve import gather_columns
 
 
 @dataclass(frozen=True)
 class CopyPlan:
     """Physical blocks per batch row, int64 ``[rows]``; -1 source = no copy."""
 
-    temporal_src: np.ndarray
-    conv_src: np.ndarray
+    tsrc: np.ndarray
+    csrc: np.ndarray
     dst: np.ndarray
-    shift: np.ndarray
+    bias: np.ndarray  # the accepted-token bias: conv rows dropped from the front
 
     @property
     def active(self) -> np.ndarray:
         """bool ``[rows]``: rows that copy."""
-        return (self.conv_src >= 0) & (self.dst >= 0)
+        return (self.csrc >= 0) & (self.dst >= 0)
 
 
 def copy_plan(block_table, idx_mapping, src_col, dst_col, bias) -> CopyPlan:
@@ -56,31 +56,31 @@ def copy_plan(block_table, idx_mapping, src_col, dst_col, bias) -> CopyPlan:
         raise ValueError("dst_col must be >= 0 on rows that copy")
     off = np.full(rows, -1, np.int64)
     return CopyPlan(
-        temporal_src=gather_columns(block_table, idx, np.where(on, src + b, off)),
-        conv_src=gather_columns(block_table, idx, np.where(on, src, off)),
+        tsrc=gather_columns(block_table, idx, np.where(on, src + b, off)),
+        csrc=gather_columns(block_table, idx, np.where(on, src, off)),
         dst=gather_columns(block_table, idx, np.where(on, dst, off)),
-        shift=np.where(on, b, 0),
+        bias=np.where(on, b, 0),
     )
 
 
 def precopy_plan(block_table, idx_mapping, plan: PreprocessPlan) -> CopyPlan:
-    """The pre-copy of SPEC.md §2 step 2: crossing rows copy ``src_col -> state_idx`` with
-    bias ``src_off``."""
+    """The pre-copy of SPEC.md §2 step 2: crossing rows copy ``src_col -> run_col`` with
+    bias ``src_bias``."""
     if not isinstance(plan, PreprocessPlan):
         raise TypeError(f"plan must be a PreprocessPlan, got {type(plan).__name__}")
     rows = index_array("idx_mapping", idx_mapping, low=-1).shape[0]
     crossing = bool_array("plan.crossing", plan.crossing, rows)
     src = np.where(crossing, index_array("plan.src_col", plan.src_col, shape=(rows,)), -1)
-    return copy_plan(block_table, idx_mapping, src, plan.state_idx, plan.src_off)
+    return copy_plan(block_table, idx_mapping, src, plan.run_col, plan.src_bias)
 
 
 def postprocess_copy_plan(block_table, idx_mapping, plan: PostprocessPlan) -> CopyPlan:
-    """The post-process copy of SPEC.md §2 step 6: ``state_idx -> dest`` with ``bias``."""
+    """The post-process copy of SPEC.md §2 step 6: ``run_col -> dest`` with ``bias``."""
     if not isinstance(plan, PostprocessPlan):
         raise TypeError(f"plan must be a PostprocessPlan, got {type(plan).__name__}")
     rows = index_array("idx_mapping", idx_mapping, low=-1).shape[0]
     copy = bool_array("plan.copy", plan.copy, rows)
-    src = np.where(copy, index_array("plan.state_idx", plan.state_idx, shape=(rows,)), -1)
+    src = np.where(copy, index_array("plan.run_col", plan.run_col, shape=(rows,)), -1)
     return copy_plan(block_table, idx_mapping, src, plan.dest, plan.bias)
 
 
@@ -112,35 +112,35 @@ def _check_blocks(plan: CopyPlan, num_blocks: int, src: np.ndarray) -> None:
 
 
 def apply_temporal_copy(pool: np.ndarray, plan: CopyPlan) -> None:
-    """In place: ``pool[:, dst] = pool[:, temporal_src]`` on active rows. ``pool`` is
+    """In place: ``pool[:, dst] = pool[:, tsrc]`` on active rows. ``pool`` is
     ``[L, NB, ...]`` of any dtype."""
     _check_pool("pool", pool, 2)
     instance("plan", plan, CopyPlan)
-    _check_blocks(plan, pool.shape[1], plan.temporal_src)
-    _check_disjoint(plan, plan.temporal_src)
-    on = plan.active & (plan.temporal_src >= 0)
-    src = pool[:, plan.temporal_src[on]].copy()  # all rows read before any writes
+    _check_blocks(plan, pool.shape[1], plan.tsrc)
+    _check_disjoint(plan, plan.tsrc)
+    on = plan.active & (plan.tsrc >= 0)
+    src = pool[:, plan.tsrc[on]].copy()  # all rows read before any writes
     pool[:, plan.dst[on]] = src
 
 
 def apply_conv_copy(pool: np.ndarray, plan: CopyPlan, layout: str) -> None:
     """In place, shift-copy the conv window on active rows. ``pool`` is ``[L, NB, W, D]``
-    (``"SD"``) or ``[L, NB, D, W]`` (``"DS"``); ``0 <= shift < W``."""
+    (``"SD"``) or ``[L, NB, D, W]`` (``"DS"``); ``0 <= bias < W``."""
     _check_pool("pool", pool, 4)
     instance("plan", plan, CopyPlan)
     if layout not in ("SD", "DS"):
         raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
-    _check_blocks(plan, pool.shape[1], plan.conv_src)
-    _check_disjoint(plan, plan.conv_src)
+    _check_blocks(plan, pool.shape[1], plan.csrc)
+    _check_disjoint(plan, plan.csrc)
     axis = 2 if layout == "SD" else 3
     w = pool.shape[axis]
     on = np.flatnonzero(plan.active)
-    if np.any(plan.shift[on] >= w):
-        raise ValueError(f"shift must be < conv width W = {w}, got {int(plan.shift[on].max())}")
+    if np.any(plan.bias[on] >= w):
+        raise ValueError(f"bias must be < conv width W = {w}, got {int(plan.bias[on].max())}")
     view = pool if layout == "SD" else np.swapaxes(pool, 2, 3)
-    reads = [view[:, plan.conv_src[r], plan.shift[r]:].copy() for r in on]  # memmove-safe
+    reads = [view[:, plan.csrc[r], plan.bias[r]:].copy() for r in on]  # memmove-safe
     for r, rows in zip(on, reads):
-        view[:, plan.dst[r], : w - plan.shift[r]] = rows
+        view[:, plan.dst[r], : w - plan.bias[r]] = rows
 
 
 def apply_copy(pools: Mapping[str, np.ndarray], config: CacheConfig, plan: CopyPlan) -> None:

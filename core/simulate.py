@@ -19,7 +19,7 @@ from .config import ConvSpec
 from .copy_ref import CopyPlan, apply_copy, postprocess_copy_plan, precopy_plan
 from .scheduler import Scheduler
 from .step_batch import CachedBlock, StepBatch
-from .slots import KernelSlots, check_mode, resolve_slots
+from .resolve import KernelBlocks, check_mode, resolve_blocks
 from .symbolic import Labels, RowReads, conv_rows, symbolic_config, symbolic_forward
 from .symbolic import symbolic_pools
 
@@ -43,7 +43,7 @@ class RowRecord:
 class StepRecord:
     batch: StepBatch
     num_sampled: np.ndarray
-    slots: KernelSlots
+    slots: KernelBlocks
     precopy: Optional[CopyPlan]
     postcopy: CopyPlan
     rows: Tuple[RowRecord, ...]
@@ -65,7 +65,7 @@ class SymbolicRunner:
         pad: Optional[Callable[[StepBatch], StepBatch]] = None,
     ) -> None:
         instance("scheduler", scheduler, Scheduler)
-        check_mode(mode)
+        mode = check_mode(mode)
         optional_callable("pad", pad)
         self.sched = scheduler
         self.config = scheduler.config
@@ -127,7 +127,7 @@ class SymbolicRunner:
         if self.mode == "pre-copy":
             pre_plan = precopy_plan(bt, idx, pre)
             self._copy(pre_plan)
-        slots = resolve_slots(bt, idx, state, pre, q, spec, s, self.mode)
+        slots = resolve_blocks(bt, idx, state, pre, q, spec, s, self.mode)
         prefix = [self.prefix_label(int(r), int(n)) if r >= 0 else 0
                   for r, n in zip(batch.req_ids, nc_before)]
         reads = symbolic_forward(self.pools, self.sym, slots, batch.tokens, prefix, spec,

@@ -18,10 +18,12 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 import numpy as np
 
 from .config import CacheConfig, ConvSpec, TemporalSpec
-from .slots import KernelSlots
+from .resolve import KernelBlocks
 
 #: Value of a pool entry never written.
 UNWRITTEN = -1
+#: Labels are int32: the same dtype in NumPy, torch and JAX (no x64 needed).
+LABEL_DTYPE = "int32"
 
 
 class Labels:
@@ -44,21 +46,21 @@ class Labels:
 
 def symbolic_config(config: CacheConfig) -> CacheConfig:
     """The same ``B``, ``S`` and state kinds with one layer, ``D = 1`` and one-element
-    temporal blocks: each conv row and each temporal state is one label."""
+    temporal blocks: each conv row and each temporal state is one label (int32)."""
     states = {
-        name: ConvSpec(spec.kernel_size, 1, spec.layout, spec.dtype)
+        name: ConvSpec(spec.kernel_size, 1, spec.layout, LABEL_DTYPE)
         if isinstance(spec, ConvSpec)
-        else TemporalSpec((1,), spec.dtype)
+        else TemporalSpec((1,), LABEL_DTYPE)
         for name, spec in config.states.items()
     }
     return CacheConfig(config.block_size, config.num_spec, 1, states)
 
 
 def symbolic_pools(config: CacheConfig, num_blocks: int) -> Dict[str, np.ndarray]:
-    """int64 label pools for ``symbolic_config(config)``, filled with :data:`UNWRITTEN`."""
+    """int32 label pools for ``symbolic_config(config)``, filled with :data:`UNWRITTEN`."""
     sym = symbolic_config(config)
     return {
-        name: np.full(sym.pool_shape(name, num_blocks), UNWRITTEN, np.int64)
+        name: np.full(sym.pool_shape(name, num_blocks), UNWRITTEN, np.int32)
         for name in sym.states
     }
 
@@ -79,7 +81,7 @@ class RowReads:
 def symbolic_forward(
     pools: Mapping[str, np.ndarray],
     config: CacheConfig,
-    slots: KernelSlots,
+    slots: KernelBlocks,
     tokens: Sequence[Sequence[int]],
     prefix_labels: Sequence[int],
     is_spec: np.ndarray,
@@ -96,7 +98,7 @@ def symbolic_forward(
     reads: List[RowReads] = []
     for b, toks in enumerate(tokens):
         t_read, c_read, c_off = (int(slots.temporal_read[b]), int(slots.conv_read[b]),
-                                 int(slots.conv_read_off[b]))
+                                 int(slots.conv_read_bias[b]))
         r = RowReads({}, {})
         reads.append(r)
         if not toks:

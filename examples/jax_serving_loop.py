@@ -33,7 +33,7 @@ def toy_layer(pools, slots, batch):
             outs.append([])
             continue
         t_read, c_read = int(slots.temporal_read[b]), int(slots.conv_read[b])
-        off = int(slots.conv_read_off[b])
+        off = int(slots.conv_read_bias[b])
         h = ssm[0, t_read] if t_read >= 0 else jnp.zeros(D)
         hist = conv[0, c_read, off:off + K - 1] if c_read >= 0 else jnp.zeros((K - 1, D))
         full = jnp.concatenate([hist, EMB[np.array(tokens)]])

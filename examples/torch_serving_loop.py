@@ -30,7 +30,7 @@ def toy_layer(pools, slots, batch):
             outs.append([])
             continue
         t_read, c_read = int(slots.temporal_read[b]), int(slots.conv_read[b])
-        off = int(slots.conv_read_off[b])
+        off = int(slots.conv_read_bias[b])
         h = ssm[t_read].clone() if t_read >= 0 else torch.zeros(D, device=dev)
         hist = conv[c_read, off:off + K - 1].clone() if c_read >= 0 else torch.zeros(K - 1, D, device=dev)
         full = torch.cat([hist, EMB[list(tokens)]])

@@ -12,22 +12,21 @@ if "TRITON_INTERPRET" not in os.environ and not (
 ):
     os.environ["TRITON_INTERPRET"] = "1"
 
-from .plan import LaunchPlan, check_step_scalars, pool_scalars, table_scalars  # noqa: E402
-from .bookkeeping import plan_add_requests, plan_postprocess, plan_preprocess  # noqa: E402
-from .copy import plan_copy_conv, plan_copy_temporal, pool_align  # noqa: E402
-from .resolve import plan_preprocess_resolve, plan_resolve  # noqa: E402
+from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # noqa: E402
+                   check_pool, check_step_scalars, pool_scalars, table_scalars)
+from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa: E402
+                          plan_postprocess)
+from .copy import (COPY_CONV, COPY_TEMPORAL, plan_copy_conv, plan_copy_temporal,  # noqa: E402
+                   pool_align, pool_copies)
+from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
+
+#: Every operation both backends expose (one generic launcher each).
+OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV)
 
 __all__ = [
-    "LaunchPlan",
-    "check_step_scalars",
-    "pool_scalars",
-    "table_scalars",
-    "plan_add_requests",
-    "plan_preprocess",
-    "plan_postprocess",
-    "plan_resolve",
-    "plan_preprocess_resolve",
-    "plan_copy_temporal",
-    "plan_copy_conv",
-    "pool_align",
+    "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
+    "check_array", "check_pool", "check_step_scalars", "pool_scalars", "table_scalars",
+    "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
+    "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",
+    "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies",
 ]

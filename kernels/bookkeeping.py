@@ -10,7 +10,8 @@ truncation, so every division whose result is used has a non-negative numerator 
 input (``(nc - 1) // B`` at ``nc = 0`` is computed and discarded).
 
 * ``add_requests``: seed slots, ``state_idx = (num_computed - 1) // B`` (-1 when fresh).
-* ``preprocess``: step 1 for every row, plus the pre-copy's physical copy plan (step 2).
+* ``_preprocess_rows``: step 1 for every row, plus the pre-copy's physical copy plan (step
+  2); launched fused with the resolution of read / write blocks (:mod:`.resolve`).
 * ``postprocess``: accept (step 5) and post-process (step 6): the copy plan and the
   prefix-cache column (step 7); ``acc`` is reset by the same program that read it.
 """
@@ -22,7 +23,10 @@ import functools
 import triton
 import triton.language as tl
 
-from .plan import LaunchPlan, cdiv
+from typing import Optional
+
+from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
+                   check_step_scalars, table_scalars)
 
 ROWS_PER_PROGRAM = 128
 
@@ -88,18 +92,18 @@ def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_strid
 @triton.jit
 def _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr,
                      num_rows, num_slots, block_size, bt_stride, max_cols,
-                     src_col_ptr, src_off_ptr, new_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
-                     copy_dst_ptr, copy_shift_ptr, state_idx_ptr, acc_ptr, BLOCK: tl.constexpr):
+                     src_col_ptr, src_bias_ptr, run_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
+                     copy_dst_ptr, copy_bias_ptr, state_idx_ptr, acc_ptr, BLOCK: tl.constexpr):
     """Step 1 and the pre-copy plan for this program's rows, stored; returns what slot
-    resolution needs: rows, slots, ``live``, query lengths, ``src_col``, ``src_off``,
-    ``new_col`` and the per-slot ``acc`` as left behind (1 on crossing rows)."""
+    resolution needs: rows, slots, ``live``, query lengths, ``src_col``, ``src_bias``,
+    ``run_col`` and the per-slot ``acc`` as left behind (1 on crossing rows)."""
     r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
     nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
 
-    src_off = tl.where(live, tl.maximum(acc - 1, 0), 0)
+    src_bias = tl.where(live, tl.maximum(acc - 1, 0), 0)
     last = (nc + q + block_size - 1) // block_size - 1
     new = tl.where(live, tl.maximum(col, last), -1)
     crossing = live & (col >= 0) & (col != new)
@@ -108,43 +112,13 @@ def _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_comput
     tl.store(acc_ptr + slot, tl.full(r.shape, 1, acc_ptr.dtype.element_ty), mask=crossing)
     src_col = tl.where(live, col, -1)
     tl.store(src_col_ptr + r, src_col, mask=in_batch)
-    tl.store(src_off_ptr + r, src_off, mask=in_batch)
-    tl.store(new_col_ptr + r, new, mask=in_batch)
+    tl.store(src_bias_ptr + r, src_bias, mask=in_batch)
+    tl.store(run_col_ptr + r, new, mask=in_batch)
 
-    # the pre-copy: copy_block(src_col, new, src_off) on crossing rows
-    _store_copy_plan(block_table_ptr, slot, col, new, src_off, crossing, bt_stride, max_cols,
-                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
-    return r, in_batch, slot, live, q, src_col, src_off, new, tl.where(crossing, 1, acc)
-
-
-@triton.jit
-def preprocess_kernel(
-    idx_mapping_ptr,
-    query_len_ptr,
-    block_table_ptr,
-    state_idx_in_ptr,
-    acc_in_ptr,
-    num_computed_ptr,  # read only
-    num_rows,
-    num_slots,  # rows of the per-slot arrays and of the block table, whichever is fewer
-    block_size,
-    bt_stride,
-    max_cols,
-    src_col_ptr,
-    src_off_ptr,
-    new_col_ptr,
-    copy_tsrc_ptr,
-    copy_csrc_ptr,
-    copy_dst_ptr,
-    copy_shift_ptr,
-    state_idx_ptr,
-    acc_ptr,
-    BLOCK: tl.constexpr,
-):
-    _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr,
-                     num_rows, num_slots, block_size, bt_stride, max_cols,
-                     src_col_ptr, src_off_ptr, new_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
-                     copy_dst_ptr, copy_shift_ptr, state_idx_ptr, acc_ptr, BLOCK)
+    # the pre-copy: copy_block(src_col, new, src_bias) on crossing rows
+    _store_copy_plan(block_table_ptr, slot, col, new, src_bias, crossing, bt_stride, max_cols,
+                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_bias_ptr, r, in_batch)
+    return r, in_batch, slot, live, q, src_col, src_bias, new, tl.where(crossing, 1, acc)
 
 
 @triton.jit
@@ -166,7 +140,7 @@ def postprocess_kernel(
     copy_tsrc_ptr,
     copy_csrc_ptr,
     copy_dst_ptr,
-    copy_shift_ptr,
+    copy_bias_ptr,
     acc_ptr,
     num_computed_ptr,
     BLOCK: tl.constexpr,
@@ -200,50 +174,107 @@ def postprocess_kernel(
     tl.store(num_computed_ptr + slot, nc.to(num_computed_ptr.dtype.element_ty), mask=live)
     tl.store(cache_col_ptr + r, tl.where(hit, dest, -1), mask=in_batch)
     _store_copy_plan(block_table_ptr, slot, col, dest, bias, copy, bt_stride, max_cols,
-                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, r, in_batch)
+                     copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_bias_ptr, r, in_batch)
 
 
 def _row_grid(num_rows: int):
     return (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),)
 
 
+ROW = "int64"  # per-row outputs (JAX without x64 stores them as int32)
+
+
+def slot_arrays(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec) -> int:
+    """Checks the per-slot bookkeeping (int ``[num_slots]`` each); returns ``num_slots``."""
+    check_array("state_idx", state_idx, (None,))
+    n = state_idx.shape[0]
+    check_array("acc", acc, (n,))
+    check_array("num_computed", num_computed, (n,))
+    return n
+
+
+def batch_rows(idx_mapping: ArraySpec, query_len: ArraySpec,
+               is_spec: Optional[ArraySpec] = None) -> int:
+    """Checks the per-row step inputs (int ``[rows]``; ``is_spec`` bool or int, nonzero =
+    true); returns ``rows``."""
+    check_array("idx_mapping", idx_mapping, (None,))
+    rows = idx_mapping.shape[0]
+    check_array("query_len", query_len, (rows,))
+    if is_spec is not None:
+        check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
+    return rows
+
+
 @functools.lru_cache(maxsize=256)
-def plan_add_requests(num_new: int) -> LaunchPlan:
+def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
+                      slots: ArraySpec, num_computed_new: ArraySpec, *,
+                      block_size: int) -> LaunchPlan:
+    check_step_scalars(block_size)
+    num_slots = slot_arrays(state_idx, acc, num_computed)
+    check_array("slots", slots, (None,))
+    n = slots.shape[0]
+    check_array("num_computed_new", num_computed_new, (n,))
     return LaunchPlan(
         kernel=add_requests_kernel,
-        grid=_row_grid(num_new),
+        grid=_row_grid(n),
         inputs=("slots", "num_computed_new", "state_idx", "acc", "num_computed"),
-        scalars=("num_new", "num_slots", "block_size"),
+        scalars=(("num_new", n), ("num_slots", num_slots), ("block_size", block_size)),
         outputs=("state_idx", "acc", "num_computed"),
         constexprs={"BLOCK": ROWS_PER_PROGRAM},
         aliases={"state_idx": "state_idx", "acc": "acc", "num_computed": "num_computed"},
+        skip=n == 0,
     )
 
 
 @functools.lru_cache(maxsize=256)
-def plan_preprocess(num_rows: int) -> LaunchPlan:
-    return LaunchPlan(
-        kernel=preprocess_kernel,
-        grid=_row_grid(num_rows),
-        inputs=("idx_mapping", "query_len", "block_table", "state_idx", "acc", "num_computed"),
-        scalars=("num_rows", "num_slots", "block_size", "bt_stride", "max_cols"),
-        outputs=("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst",
-                 "copy_shift", "state_idx", "acc"),
-        constexprs={"BLOCK": ROWS_PER_PROGRAM},
-        aliases={"state_idx": "state_idx", "acc": "acc"},
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def plan_postprocess(num_rows: int) -> LaunchPlan:
+def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
+                     idx_mapping: ArraySpec, query_len: ArraySpec, is_spec: ArraySpec,
+                     num_sampled: ArraySpec, block_table: ArraySpec, *,
+                     block_size: int) -> LaunchPlan:
+    check_step_scalars(block_size)
+    num_slots = slot_arrays(state_idx, acc, num_computed)
+    rows = batch_rows(idx_mapping, query_len, is_spec)
+    check_array("num_sampled", num_sampled, (rows,))
+    names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")
     return LaunchPlan(
         kernel=postprocess_kernel,
-        grid=_row_grid(num_rows),
+        grid=_row_grid(rows),
         inputs=("idx_mapping", "query_len", "is_spec", "num_sampled", "block_table",
                 "state_idx", "acc", "num_computed"),
-        scalars=("num_rows", "num_slots", "block_size", "bt_stride", "max_cols"),
-        outputs=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift", "acc",
-                 "num_computed"),
+        scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size))
+        + table_scalars(block_table, num_slots),
+        outputs=names + ("acc", "num_computed"),
+        out_specs={n: Output((rows,), ROW) for n in names},
         constexprs={"BLOCK": ROWS_PER_PROGRAM},
         aliases={"acc": "acc", "num_computed": "num_computed"},
+        skip=rows == 0,
     )
+
+
+ADD_REQUESTS = Op(
+    name="add_requests",
+    arrays=("state_idx", "acc", "num_computed", "slots", "num_computed_new"),
+    statics=(Static("block_size", int),),
+    plan=plan_add_requests,
+    mutates=("state_idx", "acc", "num_computed"),
+    returns=(),
+    doc="""Seed request slots ``slots`` (int ``[n]``) with ``num_computed_new`` (int ``[n]``:
+    0 when fresh, ``c·B`` after a prefix-cache hit of ``c`` blocks): ``state_idx =
+    (num_computed - 1) // B``, ``acc = 1``. The per-slot arrays (int32/int64
+    ``[num_slots]``) are updated in place.""",
+)
+
+POSTPROCESS = Op(
+    name="postprocess",
+    arrays=("state_idx", "acc", "num_computed", "idx_mapping", "query_len", "is_spec",
+            "num_sampled", "block_table"),
+    statics=(Static("block_size", int),),
+    plan=plan_postprocess,
+    mutates=("acc", "num_computed"),
+    returns=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"),
+    doc="""Steps 5-7 of docs/semantics.md §2 on the device: accept ``num_sampled`` (int
+    ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` are updated in
+    place; returns per-row ``cache_col`` (the column whose block may enter the prefix cache,
+    -1 if none) and the post-process copy plan ``copy_tsrc``, ``copy_csrc``, ``copy_dst``,
+    ``copy_bias`` (int64 ``[rows]``; int32 in JAX without x64).""",
+)

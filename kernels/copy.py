@@ -1,20 +1,23 @@
-"""State-block copy kernels (SPEC.md §2 ``copy_block``), shared by the pre-copy and the
-post-process: both produce a physical copy plan per batch row (``temporal_src``,
-``conv_src``, ``dst``, ``shift``; -1 source = no copy) and launch these kernels on it.
+"""State-block copy kernels (docs/semantics.md §2 ``copy_block``), shared by the pre-copy
+and the post-process: both produce a physical copy plan per batch row (``copy_tsrc``,
+``copy_csrc``, ``copy_dst``, ``copy_bias``; -1 source = no copy) and launch these kernels
+on it, one launch per pool (:func:`pool_copies`).
 
 Pools are ``[L, NB, *block]`` with explicit layer and block strides (in elements) and a
-contiguous inner block. The backends pass pools viewed as same-width integers, so a copy
-is a bit copy whatever the dtype. All offsets are int64.
+contiguous inner block. The plans have the backends view pools as same-width integers, so
+a copy is a bit copy whatever the dtype. All offsets are int64.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Dict, Mapping, Tuple
 
 import triton
 import triton.language as tl
 
-from .plan import MAX_GRID_YZ, LaunchPlan, cdiv, next_pow2
+from .plan import (MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
+                   check_pool, dtype_bits, next_pow2, pool_scalars)
 
 
 @triton.jit
@@ -51,18 +54,18 @@ def copy_temporal_kernel(
     for _ in range(tl.sum(ok.to(tl.int32))):
         row = tl.min(todo)  # the next row that copies
         todo = tl.where(todo == row, NONE, todo)
-        src_off = layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride
-        dst_off = layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride
+        src_at = layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride
+        dst_at = layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride
         if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
-            src_off = tl.multiple_of(src_off, ALIGN)
-            dst_off = tl.multiple_of(dst_off, ALIGN)
+            src_at = tl.multiple_of(src_at, ALIGN)
+            dst_at = tl.multiple_of(dst_at, ALIGN)
         if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
-            x = tl.load(pool_ptr + src_off + offs, eviction_policy="evict_first")
-            tl.store(pool_ptr + dst_off + offs, x, cache_modifier=".cs")
+            x = tl.load(pool_ptr + src_at + offs, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_at + offs, x, cache_modifier=".cs")
         else:
             mask = offs < block_numel
-            x = tl.load(pool_ptr + src_off + offs, mask=mask, eviction_policy="evict_first")
-            tl.store(pool_ptr + dst_off + offs, x, mask=mask, cache_modifier=".cs")
+            x = tl.load(pool_ptr + src_at + offs, mask=mask, eviction_policy="evict_first")
+            tl.store(pool_ptr + dst_at + offs, x, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
@@ -70,7 +73,7 @@ def copy_conv_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     src_ptr,  # [rows] physical source block, -1 = no copy
     dst_ptr,  # [rows] physical destination block
-    shift_ptr,  # [rows] rows dropped from the front (the accepted-token bias)
+    bias_ptr,  # [rows] the accepted-token bias: rows dropped from the front
     num_layers,
     layer_stride,
     block_stride,
@@ -85,7 +88,7 @@ def copy_conv_kernel(
     ALIGN: tl.constexpr,
     EVEN_D: tl.constexpr,
 ):
-    # Destination row i takes source row i + shift, for i < W - shift; other rows keep their
+    # Destination row i takes source row i + bias, for i < W - bias; other rows keep their
     # content. One program owns every row of its channel tile and loads them all before a
     # barrier and any store, so an in-place left shift (src == dst) behaves like memmove.
     pid = tl.program_id(0).to(tl.int64)
@@ -93,9 +96,9 @@ def copy_conv_kernel(
     layer = pid % num_layers
     src = tl.load(src_ptr + row).to(tl.int64)
     dst = tl.load(dst_ptr + row).to(tl.int64)
-    shift = tl.load(shift_ptr + row).to(tl.int64)
+    bias = tl.load(bias_ptr + row).to(tl.int64)
     ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
-    ok = ok & (shift >= 0) & (shift < width) & ((src != dst) | (shift != 0))
+    ok = ok & (bias >= 0) & (bias < width) & ((src != dst) | (bias != 0))
     if ok:
         src_base = layer * layer_stride + src * block_stride
         dst_base = layer * layer_stride + dst * block_stride
@@ -103,17 +106,17 @@ def copy_conv_kernel(
             src_base = tl.multiple_of(src_base, ALIGN)
             dst_base = tl.multiple_of(dst_base, ALIGN)
         w = tl.arange(0, W_PAD).to(tl.int64)
-        keep = w + shift < width  # [W_PAD] destination rows that receive a source row
+        keep = w + bias < width  # [W_PAD] destination rows that receive a source row
         first = tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM
         for t in range(first, first + TILES_PER_PROGRAM):
             d = t * TILE_D + tl.arange(0, TILE_D)
             if LAYOUT_DS:  # block [D, W]: shift along the last axis
                 dst_offs = d[:, None] * width + w[None, :]
-                src_offs = dst_offs + shift
+                src_offs = dst_offs + bias
                 mask = (d[:, None] < dim) & keep[None, :]
             else:  # block [W, D]: shift whole rows
                 rows = w * dim
-                moved = shift * dim
+                moved = bias * dim
                 if ALIGN > 1:
                     rows = tl.multiple_of(rows, ALIGN)
                     moved = tl.multiple_of(moved, ALIGN)
@@ -129,15 +132,10 @@ def copy_conv_kernel(
 
 
 #: Programs a copy launch aims for. Every program starts and exits even when its rows copy
-#: nothing (0.6-0.7 ns of GPU time each on the H200): with one program per row, layer and
-#: 16 KiB, a decode step in which no row crosses cost 179 us at 64 rows and 713 us at 256
-#: rows of a 36-layer model. The temporal grid groups rows instead, down to one program per
-#: 4 KiB tile and layer (18 432 for 36 layers of 2 MiB blocks: ~12 us when nothing copies);
-#: ``benchmarks/tune_copy.py --split``: 3.8-4.06 TB/s from 1 to 256 rows, 4 copying rows
-#: among 256 at 3.97 TB/s. The conv grid runs several channel tiles per program.
-#: Measured alternatives (``benchmarks/probe_copy_limit.py``): one program per tile, layer
-#: and row copies up to 4 % faster but costs 2.8 ms per no-copy launch at 256 rows; a
-#: persistent one-wave grid costs 2-2.5 us there but copies up to 3 % slower.
+#: nothing, so the temporal grid groups rows (down to one program per 4 KiB tile and layer)
+#: instead of one program per row: a decode step in which no row crosses then costs about
+#: as much at 256 rows as at 1. The conv grid runs several channel tiles per program. The
+#: measurements and the grids tried instead are in benchmarks/README.md.
 TEMPORAL_PROGRAMS = 4096
 CONV_PROGRAMS = 16384
 #: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
@@ -153,13 +151,13 @@ def _split(units: int, work: int, target: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def plan_copy_temporal(
-    num_rows: int, num_layers: int, block_numel: int, itemsize: int, align: int = 1
-) -> LaunchPlan:
+def temporal_tiling(num_rows: int, num_layers: int, block_numel: int, itemsize: int,
+                    align: int = 1) -> dict:
     """Grid and tiling for the temporal copy: 4 KiB tiles (one 16-byte vector per thread
     with 8 warps) on axis 0, layers on axis 1 (so at most 65 535 layers), groups of rows on
     axis 2: as few rows per group as keep the launch within ``max(TEMPORAL_PROGRAMS, tiles
-    x layers)`` programs, at most :data:`MAX_ROWS_PER_PROGRAM`.
+    x layers)`` programs, at most :data:`MAX_ROWS_PER_PROGRAM`. Returns ``grid``,
+    ``constexprs`` and ``num_warps``.
 
     ``ROWS_PER_PROGRAM`` is a power of two that follows the batch size, so each batch-size
     bucket compiles once: warm them up before serving, as for CUDA graphs.
@@ -175,48 +173,134 @@ def plan_copy_temporal(
     while (per_program < min(rows, MAX_ROWS_PER_PROGRAM)
            and tiles * layers * cdiv(rows, per_program) > TEMPORAL_PROGRAMS):
         per_program *= 2
-    return LaunchPlan(
-        kernel=copy_temporal_kernel,
-        grid=(tiles, layers, cdiv(rows, per_program)),
-        inputs=("pool", "src", "dst"),
-        scalars=("num_rows", "layer_stride", "block_stride", "block_numel", "num_blocks"),
-        outputs=("pool",),
-        constexprs={"TILE": tile, "ROWS_PER_PROGRAM": per_program, "ALIGN": _pow2(align),
-                    "EVEN": block_numel % tile == 0},
-        num_warps=max(1, min(8, tile * itemsize // 512)),
-        aliases={"pool": "pool"},
-    )
+    return {"grid": (tiles, layers, cdiv(rows, per_program)),
+            "constexprs": {"TILE": tile, "ROWS_PER_PROGRAM": per_program,
+                           "ALIGN": _pow2(align), "EVEN": block_numel % tile == 0},
+            "num_warps": max(1, min(8, tile * itemsize // 512))}
 
 
 @functools.lru_cache(maxsize=256)
-def plan_copy_conv(
-    num_rows: int, num_layers: int, width: int, dim: int, itemsize: int, layout: str,
-    align: int = 1,
-) -> LaunchPlan:
+def conv_tiling(num_rows: int, num_layers: int, width: int, dim: int, itemsize: int,
+                layout: str, align: int = 1) -> dict:
     """Grid and tiling for the conv shift-copy: rows x layers on axis 0, runs of channel
     tiles on axis 1 (as few as keep about :data:`CONV_PROGRAMS` programs); every program
     covers all ``W`` rows of its channels. ``align`` (:func:`pool_align`) divides both
-    strides and, in the "SD" layout, ``D``: see :func:`plan_copy_temporal`."""
-    if layout not in ("SD", "DS"):
-        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
+    strides and, in the "SD" layout, ``D``: see :func:`temporal_tiling`."""
+    layout = check_layout(layout)
     w_pad = next_pow2(width)
     tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
     tiles = cdiv(dim, tile_d)
     split = min(_split(max(1, num_rows * num_layers), tiles, CONV_PROGRAMS), MAX_GRID_YZ)
     per_program = cdiv(tiles, split)
     grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))
+    return {"grid": grid,
+            "constexprs": {"W_PAD": w_pad, "TILE_D": tile_d, "TILES_PER_PROGRAM": per_program,
+                           "LAYOUT_DS": layout == "DS", "ALIGN": _pow2(align),
+                           "EVEN_D": dim == tile_d * per_program * grid[1]},
+            "num_warps": 4}
+
+
+def check_layout(layout: str) -> str:
+    if layout not in ("SD", "DS"):
+        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
+    return layout
+
+
+def _copy_rows(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, *more: Tuple[str, ArraySpec]) -> int:
+    check_array("src", src, (None,))
+    rows = src.shape[0]
+    check_array("dst", dst, (rows,))
+    for name, spec in more:
+        check_array(name, spec, (rows,))
+    return rows
+
+
+@functools.lru_cache(maxsize=256)
+def plan_copy_temporal(pool: ArraySpec, src: ArraySpec, dst: ArraySpec) -> LaunchPlan:
+    check_pool("pool", pool, pool.shape[2:])
+    rows = _copy_rows(pool, src, dst)
+    scal = pool_scalars(pool)
+    t = temporal_tiling(rows, scal["num_layers"], scal["block_numel"],
+                        dtype_bits(pool.dtype) // 8, pool_align(scal))
+    return LaunchPlan(
+        kernel=copy_temporal_kernel,
+        inputs=("pool", "src", "dst"),
+        scalars=(("num_rows", rows),) + tuple(
+            (n, scal[n]) for n in ("layer_stride", "block_stride", "block_numel", "num_blocks")),
+        outputs=("pool",),
+        aliases={"pool": "pool"},
+        views={"pool": bits_dtype(pool.dtype)},
+        skip=rows == 0 or pool.numel == 0,
+        **t,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def plan_copy_conv(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, bias: ArraySpec, *,
+                   layout: str) -> LaunchPlan:
+    check_layout(layout)
+    if pool.ndim != 4:
+        raise ValueError(f"pool must be [L, NB, W, D] (SD) or [L, NB, D, W] (DS), got "
+                         f"{list(pool.shape)}")
+    check_pool("pool", pool, pool.shape[2:])
+    rows = _copy_rows(pool, src, dst, ("bias", bias))
+    scal = pool_scalars(pool, layout)
+    t = conv_tiling(rows, scal["num_layers"], scal["width"], scal["dim"],
+                    dtype_bits(pool.dtype) // 8, layout, pool_align(scal, layout))
     return LaunchPlan(
         kernel=copy_conv_kernel,
-        grid=grid,
-        inputs=("pool", "src", "dst", "shift"),
-        scalars=("num_layers", "layer_stride", "block_stride", "width", "dim", "num_blocks"),
+        inputs=("pool", "src", "dst", "bias"),
+        scalars=tuple((n, scal[n]) for n in ("num_layers", "layer_stride", "block_stride",
+                                             "width", "dim", "num_blocks")),
         outputs=("pool",),
-        constexprs={"W_PAD": w_pad, "TILE_D": tile_d, "TILES_PER_PROGRAM": per_program,
-                     "LAYOUT_DS": layout == "DS", "ALIGN": _pow2(align),
-                     "EVEN_D": dim == tile_d * per_program * grid[1]},
-        num_warps=4,
         aliases={"pool": "pool"},
+        views={"pool": bits_dtype(pool.dtype)},
+        skip=rows == 0 or pool.numel == 0,
+        **t,
     )
+
+
+COPY_TEMPORAL = Op(
+    name="copy_temporal",
+    arrays=("pool", "src", "dst"),
+    statics=(),
+    plan=plan_copy_temporal,
+    mutates=("pool",),
+    returns=(),
+    doc="""For every row with valid ``src`` and ``dst`` (``0 <= id < NB``, not the same
+    block): ``pool[:, dst] = pool[:, src]``, a bit copy; other rows copy nothing. ``pool``
+    is ``[L, NB, ...]`` (a float or int dtype, contiguous inner block), updated in place;
+    ``src`` / ``dst`` int ``[rows]`` physical block ids.""",
+)
+
+COPY_CONV = Op(
+    name="copy_conv",
+    arrays=("pool", "src", "dst", "bias"),
+    statics=(Static("layout", str),),
+    plan=plan_copy_conv,
+    mutates=("pool",),
+    returns=(),
+    doc="""For every row with valid ids and ``0 <= bias < W`` (and not a same-block copy
+    with no bias): the conv window of block ``src`` shifted left by ``bias`` rows into block
+    ``dst`` (memmove-safe when ``src == dst``); other rows copy nothing. ``pool`` is
+    ``[L, NB, W, D]`` (``layout="SD"``) or ``[L, NB, D, W]`` (``"DS"``), updated in place;
+    ``src`` / ``dst`` / ``bias`` int ``[rows]``.""",
+)
+
+
+def pool_copies(kinds: Mapping[str, str]) -> Dict[str, Tuple[Op, Dict[str, str], dict]]:
+    """How a step's physical copy plan reaches each pool: ``kinds`` is
+    ``CacheConfig.copy_kinds()`` (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name); for
+    each pool, the op, which copy-plan output feeds each of its index arrays, and its
+    static options. Both backends apply a copy plan through this."""
+    out = {}
+    for name, kind in kinds.items():
+        if kind == "temporal":
+            out[name] = (COPY_TEMPORAL, {"src": "copy_tsrc", "dst": "copy_dst"}, {})
+        else:
+            out[name] = (COPY_CONV, {"src": "copy_csrc", "dst": "copy_dst", "bias": "copy_bias"},
+                         {"layout": kind})
+    return out
 
 
 def _pow2(align: int) -> int:

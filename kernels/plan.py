@@ -1,19 +1,70 @@
-"""The launch plan every backend maps its arrays onto.
+"""The launch plan every backend maps its arrays onto, and the operations built on plans.
 
-A plan names the kernel's parameters in ABI order (input arrays, runtime scalars, output
-arrays), carries the grid, the constexprs (always passed by keyword) and the warp count,
-and says which outputs alias which inputs (in-place arrays are passed twice: the kernel
-reads and writes them through the output pointer).
+A backend describes its arrays as :class:`ArraySpec` (shape, dtype name, element
+strides) and calls an :class:`Op`'s plan builder with them and the op's static options.
+The builder validates everything that can be checked without reading values and returns a
+:class:`LaunchPlan`: the kernel's parameters in ABI order (input arrays, runtime scalars
+with their values, output arrays), the grid, constexprs and warp count, every output's
+shape and dtype, which outputs alias which inputs (in-place arrays are passed twice: the
+kernel reads and writes them through the output pointer), which inputs are reinterpreted
+as same-width integers, and whether there is nothing to launch (an empty batch). A backend
+then needs one generic launcher and nothing per operation.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 #: Grid axes 1 and 2 are limited to 65 535 programs; only axis 0 may grow with the batch.
 MAX_GRID_YZ = 65_535
 MAX_GRID_X = 2**31 - 1
+
+INDEX_DTYPES = ("int32", "int64")
+FLAG_DTYPES = ("bool", "int8", "int32", "int64")
+
+Scalar = Union[int, float]
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What a plan needs to know of an array: its shape, dtype name (as NumPy, torch and
+    JAX spell it: ``"float32"``, ``"bfloat16"``, ``"int64"``, ``"bool"``, ...) and strides
+    in elements."""
+
+    shape: Tuple[int, ...]
+    dtype: str
+    strides: Tuple[int, ...]
+
+    @classmethod
+    def row_major(cls, shape: Sequence[int], dtype: str) -> "ArraySpec":
+        """A contiguous row-major array (every JAX array)."""
+        strides, acc = [], 1
+        for size in reversed(shape):
+            strides.append(acc)
+            acc *= int(size)
+        return cls(tuple(int(s) for s in shape), dtype, tuple(reversed(strides)))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+@dataclass(frozen=True)
+class Output:
+    """Shape and dtype name of an output the backend allocates."""
+
+    shape: Tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -21,34 +72,174 @@ class LaunchPlan:
     kernel: Any  # the @triton.jit function
     grid: Tuple[int, ...]
     inputs: Tuple[str, ...]
-    scalars: Tuple[str, ...]
+    scalars: Tuple[Tuple[str, Scalar], ...]  # (name, value) in parameter order
     outputs: Tuple[str, ...]
+    out_specs: Mapping[str, Output] = field(default_factory=dict)  # every non-aliased output
     constexprs: Mapping[str, Any] = field(default_factory=dict)
     num_warps: int = 4
     aliases: Mapping[str, str] = field(default_factory=dict)  # output name -> input name
+    views: Mapping[str, str] = field(default_factory=dict)  # input -> same-width dtype
+    skip: bool = False  # nothing to compute: outputs allocated, in-place arrays untouched
 
     def __post_init__(self) -> None:
         if not self.grid or self.grid[0] > MAX_GRID_X or any(g > MAX_GRID_YZ for g in self.grid[1:]):
             raise ValueError(f"grid {self.grid} exceeds the hardware limits")
+        missing = [n for n in self.outputs if n not in self.aliases and n not in self.out_specs]
+        if missing:
+            raise ValueError(f"{self.name}: outputs {missing} have neither a spec nor an alias")
 
-    def args(self, arrays: Mapping[str, Any], scalars: Mapping[str, Any]) -> Tuple[Any, ...]:
+    @property
+    def scalar_values(self) -> Tuple[Scalar, ...]:
+        return tuple(v for _, v in self.scalars)
+
+    def args(self, arrays: Mapping[str, Any]) -> Tuple[Any, ...]:
         """Positional arguments in ABI order: ``arrays`` by name (an in-place output is the
-        same object as its aliased input), then ``scalars``, then the outputs."""
+        same object as its aliased input), then the scalars, then the outputs."""
         missing = [n for n in self.inputs + self.outputs if n not in arrays]
-        missing += [n for n in self.scalars if n not in scalars]
         if missing:
             raise KeyError(f"launch of {self.name} is missing {missing}")
-        return (
-            tuple(arrays[n] for n in self.inputs)
-            + tuple(scalars[n] for n in self.scalars)
-            + tuple(arrays[n] for n in self.outputs)
-        )
+        return (tuple(arrays[n] for n in self.inputs) + self.scalar_values
+                + tuple(arrays[n] for n in self.outputs))
+
+    @property
+    def returned(self) -> Tuple[str, ...]:
+        """The outputs that are new arrays (not updated in place)."""
+        return tuple(n for n in self.outputs if n not in self.aliases)
 
     @property
     def name(self) -> str:
         return getattr(self.kernel, "__name__", None) or getattr(
             getattr(self.kernel, "fn", None), "__name__", "kernel"
         )
+
+
+@dataclass(frozen=True)
+class Static:
+    """A keyword-only static option of an :class:`Op` (part of the plan, not an array)."""
+
+    name: str
+    type: type  # int, bool, float or str
+    default: Any = None  # None: required
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation as both backends expose it.
+
+    ``arrays`` are the array parameters in order, ``statics`` the keyword-only options;
+    ``plan(**arrays_as_ArraySpec, **statics)`` validates and returns the
+    :class:`LaunchPlan`. ``mutates`` names the arrays updated in place (torch mutates them;
+    JAX returns them updated), ``returns`` the new outputs (``LaunchPlan.returned``).
+    ``doc`` is the user-facing description (shapes, dtypes).
+    """
+
+    name: str
+    arrays: Tuple[str, ...]
+    statics: Tuple[Static, ...]
+    plan: Callable[..., LaunchPlan]
+    mutates: Tuple[str, ...]
+    returns: Tuple[str, ...]  # the plan's new (not in-place) outputs, in order
+    doc: str
+
+    def signature(self, array_type: Any, returns: Any) -> inspect.Signature:
+        """A backend function's signature: arrays positional-or-keyword (annotated
+        ``array_type``), static options keyword-only."""
+        P = inspect.Parameter
+        return inspect.Signature(
+            [P(n, P.POSITIONAL_OR_KEYWORD, annotation=array_type) for n in self.arrays]
+            + [P(s.name, P.KEYWORD_ONLY, annotation=s.type,
+                 default=P.empty if s.default is None else s.default) for s in self.statics],
+            return_annotation=returns)
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[dict, dict]:
+        """A call's ``(arrays by name, static options)`` (the fast path: every array
+        positional)."""
+        if len(args) == len(self.arrays):
+            return dict(zip(self.arrays, args)), self.static_values(kwargs)
+        bound = self.signature(None, None).bind(*args, **kwargs)
+        arrays = {n: bound.arguments[n] for n in self.arrays if n in bound.arguments}
+        rest = {k: v for k, v in bound.arguments.items() if k not in arrays}
+        return arrays, self.static_values(rest)
+
+    def static_values(self, given: Mapping[str, Any]) -> dict:
+        """The static options with defaults filled in; unknown or missing ones raise."""
+        unknown = set(given) - {s.name for s in self.statics}
+        if unknown:
+            raise TypeError(f"{self.name}() got unexpected options {sorted(unknown)}")
+        out = {}
+        for s in self.statics:
+            if s.name in given:
+                out[s.name] = given[s.name]
+            elif s.default is not None:
+                out[s.name] = s.default
+            else:
+                raise TypeError(f"{self.name}() missing the keyword option {s.name!r}")
+        return out
+
+
+# -- validation shared by every plan builder (never values: that would synchronise) ---------
+def dtype_bits(dtype: str) -> int:
+    """Bits per element of a dtype name (``bool`` counts 8)."""
+    if dtype == "bool":
+        return 8
+    m = re.search(r"(\d+)", dtype)
+    if not m:
+        raise TypeError(f"unknown dtype {dtype!r}")
+    return int(m.group(1))
+
+
+def _fmt(shape: Sequence[Optional[int]]) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
+def check_array(name: str, spec: ArraySpec, shape: Sequence[Optional[int]],
+                dtypes: Sequence[str] = INDEX_DTYPES) -> ArraySpec:
+    """Dtype among ``dtypes``, rank and shape (``None`` = any size), unit last stride."""
+    if not isinstance(spec, ArraySpec):
+        raise TypeError(f"{name} must be an array, got {type(spec).__name__}")
+    if spec.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {'/'.join(dtypes)}, got {spec.dtype}")
+    if spec.ndim != len(shape) or any(w is not None and g != w for g, w in zip(spec.shape, shape)):
+        raise ValueError(f"{name} must have shape {_fmt(shape)}, got {list(spec.shape)}")
+    if spec.ndim and spec.shape[-1] > 1 and spec.numel and spec.strides[-1] != 1:
+        what = "be contiguous" if spec.ndim == 1 else "have a contiguous last dimension"
+        raise ValueError(f"{name} must {what} (stride 1), got strides {list(spec.strides)}")
+    return spec
+
+
+def check_pool(name: str, spec: ArraySpec, block_shape: Sequence[int]) -> ArraySpec:
+    """``[L, NB, *block_shape]`` with a contiguous inner block, layer / block strides that
+    keep blocks apart, and a numeric dtype of 1, 2, 4 or 8 bytes."""
+    if not isinstance(spec, ArraySpec):
+        raise TypeError(f"{name} must be an array, got {type(spec).__name__}")
+    if spec.ndim != 2 + len(block_shape) or tuple(spec.shape[2:]) != tuple(block_shape):
+        raise ValueError(f"{name} must have shape [L, NB, {', '.join(map(str, block_shape))}], "
+                         f"got {list(spec.shape)}")
+    if spec.dtype == "bool" or spec.dtype.startswith("complex") or \
+            dtype_bits(spec.dtype) not in (8, 16, 32, 64):
+        raise TypeError(f"{name} has unsupported dtype {spec.dtype} (a float or int dtype of "
+                        "1, 2, 4 or 8 bytes)")
+    numel = 1
+    for size, stride in zip(reversed(block_shape), reversed(spec.strides[2:])):
+        if size > 1 and stride != numel:
+            raise ValueError(f"{name} must have a contiguous inner block, strides "
+                             f"{list(spec.strides)}")
+        numel *= size
+    # (layer, block) -> offset must be one-to-one and blocks must not overlap: order the two
+    # outer dims by stride; the inner must clear a block, the outer its whole inner span
+    dims = sorted((spec.strides[i], spec.shape[i]) for i in (0, 1) if spec.shape[i] > 1)
+    span = numel
+    for stride, size in dims:
+        if stride < span:
+            raise ValueError(f"{name} strides {list(spec.strides[:2])} make blocks of {numel} "
+                             "elements overlap")
+        span = stride * size
+    return spec
+
+
+def bits_dtype(dtype: str) -> str:
+    """The same-width integer dtype a copy kernel sees a pool as (a copy is a bit copy)."""
+    return f"int{dtype_bits(dtype)}"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -66,17 +257,20 @@ def check_step_scalars(block_size: int, num_spec: int = 0) -> None:
             raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
 
 
-def table_scalars(shape: Tuple[int, int], row_stride: int, num_slots: int) -> dict:
-    """Kernel scalars of a block table ``[rows, max_cols]`` used with ``num_slots`` slots."""
-    if shape[0] < num_slots:
-        raise ValueError(f"block_table has {shape[0]} rows, fewer than the {num_slots} slots")
-    return {"bt_stride": int(row_stride), "max_cols": int(shape[1]), "num_slots": int(num_slots)}
+def table_scalars(block_table: ArraySpec, num_slots: int) -> Tuple[Tuple[str, int], ...]:
+    """Checks ``block_table`` (int ``[rows >= num_slots, max_cols]``); its kernel scalars."""
+    check_array("block_table", block_table, (None, None))
+    if block_table.shape[0] < num_slots:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows, fewer than the "
+                         f"{num_slots} slots")
+    return (("bt_stride", block_table.strides[0]), ("max_cols", block_table.shape[1]))
 
 
-def pool_scalars(shape: Tuple[int, ...], strides: Tuple[int, ...], layout: str = "temporal") -> dict:
-    """Kernel scalars of a pool ``[L, NB, *block]`` with element strides ``strides``:
-    layers, layer / block strides, blocks, and ``block_numel`` (temporal) or ``width`` /
-    ``dim`` (conv, ``layout`` "SD" = ``[W, D]`` or "DS" = ``[D, W]``)."""
+def pool_scalars(spec: ArraySpec, layout: str = "temporal") -> dict:
+    """Kernel scalars of a pool ``[L, NB, *block]``: layers, layer / block strides, blocks,
+    and ``block_numel`` (temporal) or ``width`` / ``dim`` (conv, ``layout`` "SD" =
+    ``[W, D]`` or "DS" = ``[D, W]``)."""
+    shape, strides = spec.shape, spec.strides
     out = {"num_layers": int(shape[0]), "layer_stride": int(strides[0]),
            "block_stride": int(strides[1]), "num_blocks": int(shape[1])}
     if layout == "temporal":

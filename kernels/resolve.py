@@ -1,26 +1,30 @@
-"""Per-row read / write slots for the recurrent kernels (SPEC.md §4), after preprocess.
+"""Preprocess fused with the resolution of the recurrent kernels' read / write blocks
+(docs/semantics.md §2 step 1, §4): one launch per step.
 
-Inputs are the preprocess kernel's per-row outputs (``src_col``, ``src_off``,
-``new_col``) and the per-slot ``acc`` it left behind. ``COPY_FREE`` selects the mode:
-crossing rows then read the old column instead of the freshly copied window.
+Resolution uses the row's preprocess results (``src_col``, ``src_bias``, ``run_col``) and
+the per-slot ``acc`` preprocess left behind. ``COPY_FREE`` selects the mode: crossing rows
+then read the old column instead of the freshly copied window.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Union
 
 import triton
 import triton.language as tl
 
-from .bookkeeping import ROWS_PER_PROGRAM, _batch_rows, _gather_col, _preprocess_rows
-from .bookkeeping import plan_preprocess as _plan_preprocess
-from .plan import LaunchPlan, cdiv, next_pow2
+from ..core.resolve import Mode, check_mode
+from .bookkeeping import ROW, ROWS_PER_PROGRAM, _preprocess_rows, batch_rows, slot_arrays
+from .bookkeeping import _gather_col
+from .plan import ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_step_scalars, next_pow2
+from .plan import table_scalars
 
 
 @triton.jit
-def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_off,
+def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_bias,
                   col, acc, bt_stride, max_cols, temporal_read_ptr, conv_read_ptr,
-                  conv_read_off_ptr, temporal_write_ptr, conv_write_ptr, WIN: tl.constexpr,
+                  conv_read_bias_ptr, temporal_write_ptr, conv_write_ptr, WIN: tl.constexpr,
                   WIN_PAD: tl.constexpr, COPY_FREE: tl.constexpr):
     """Read and write slots of this program's rows from their bookkeeping, stored."""
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
@@ -31,17 +35,17 @@ def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_
     c_off = tl.where(live, acc - 1, 0)
     if COPY_FREE:
         cross = live & ~fresh & (src_col != col)
-        t_old = _gather_col(block_table_ptr, slot, src_col + src_off, bt_stride, max_cols, cross)
+        t_old = _gather_col(block_table_ptr, slot, src_col + src_bias, bt_stride, max_cols, cross)
         c_old = _gather_col(block_table_ptr, slot, src_col, bt_stride, max_cols, cross)
         t_read = tl.where(cross, t_old, t_read)
         c_read = tl.where(cross, c_old, c_read)
-        c_off = tl.where(cross, src_off, c_off)
+        c_off = tl.where(cross, src_bias, c_off)
     t_read = tl.where(fresh, -1, t_read)
     c_read = tl.where(fresh, -1, c_read)
     c_off = tl.where(fresh, 0, c_off)
     tl.store(temporal_read_ptr + r, t_read, mask=in_batch)
     tl.store(conv_read_ptr + r, c_read, mask=in_batch)
-    tl.store(conv_read_off_ptr + r, c_off, mask=in_batch)
+    tl.store(conv_read_bias_ptr + r, c_off, mask=in_batch)
     tl.store(conv_write_ptr + r, w0, mask=in_batch)
 
     # write slots: spec rows window columns 0 .. T-1, non-spec rows column 0 only
@@ -53,41 +57,6 @@ def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_
     win = tl.load(block_table_ptr + slot[:, None] * bt_stride + cols, mask=ok, other=-1)
     out_mask = in_batch[:, None] & (j[None, :] < WIN)
     tl.store(temporal_write_ptr + r[:, None] * WIN + j[None, :], win.to(tl.int64), mask=out_mask)
-
-
-@triton.jit
-def resolve_kernel(
-    idx_mapping_ptr,
-    query_len_ptr,
-    is_spec_ptr,
-    block_table_ptr,
-    src_col_ptr,
-    src_off_ptr,
-    new_col_ptr,
-    acc_ptr,
-    num_rows,
-    num_slots,
-    bt_stride,
-    max_cols,
-    temporal_read_ptr,
-    conv_read_ptr,
-    conv_read_off_ptr,
-    temporal_write_ptr,  # [rows, WIN], row-major
-    conv_write_ptr,
-    WIN: tl.constexpr,  # 1 + S
-    WIN_PAD: tl.constexpr,
-    BLOCK: tl.constexpr,
-    COPY_FREE: tl.constexpr,
-):
-    r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
-    src_col = tl.load(src_col_ptr + r, mask=live, other=-1).to(tl.int64)
-    src_off = tl.load(src_off_ptr + r, mask=live, other=0).to(tl.int64)
-    col = tl.load(new_col_ptr + r, mask=live, other=-1).to(tl.int64)
-    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
-    _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_off,
-                  col, acc, bt_stride, max_cols, temporal_read_ptr, conv_read_ptr,
-                  conv_read_off_ptr, temporal_write_ptr, conv_write_ptr, WIN, WIN_PAD, COPY_FREE)
 
 
 @triton.jit
@@ -105,15 +74,15 @@ def preprocess_resolve_kernel(
     bt_stride,
     max_cols,
     src_col_ptr,
-    src_off_ptr,
-    new_col_ptr,
+    src_bias_ptr,
+    run_col_ptr,
     copy_tsrc_ptr,
     copy_csrc_ptr,
     copy_dst_ptr,
-    copy_shift_ptr,
+    copy_bias_ptr,
     temporal_read_ptr,
     conv_read_ptr,
-    conv_read_off_ptr,
+    conv_read_bias_ptr,
     temporal_write_ptr,  # [rows, WIN], row-major
     conv_write_ptr,
     state_idx_ptr,
@@ -124,44 +93,62 @@ def preprocess_resolve_kernel(
     COPY_FREE: tl.constexpr,
 ):
     # preprocess then resolve, one launch: a row's slots depend on its own bookkeeping only
-    r, in_batch, slot, live, q, src_col, src_off, col, acc = _preprocess_rows(
+    r, in_batch, slot, live, q, src_col, src_bias, col, acc = _preprocess_rows(
         idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr, num_rows, num_slots,
-        block_size, bt_stride, max_cols, src_col_ptr, src_off_ptr, new_col_ptr, copy_tsrc_ptr,
-        copy_csrc_ptr, copy_dst_ptr, copy_shift_ptr, state_idx_ptr, acc_ptr, BLOCK)
-    _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_off,
+        block_size, bt_stride, max_cols, src_col_ptr, src_bias_ptr, run_col_ptr, copy_tsrc_ptr,
+        copy_csrc_ptr, copy_dst_ptr, copy_bias_ptr, state_idx_ptr, acc_ptr, BLOCK)
+    _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_bias,
                   col, acc, bt_stride, max_cols, temporal_read_ptr, conv_read_ptr,
-                  conv_read_off_ptr, temporal_write_ptr, conv_write_ptr, WIN, WIN_PAD, COPY_FREE)
+                  conv_read_bias_ptr, temporal_write_ptr, conv_write_ptr, WIN, WIN_PAD, COPY_FREE)
+
+
+PER_ROW = ("src_col", "src_bias", "run_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias",
+           "temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
 
 
 @functools.lru_cache(maxsize=256)
-def plan_resolve(num_rows: int, num_spec: int, mode: str) -> LaunchPlan:
-    if mode not in ("pre-copy", "copy-free"):
-        raise ValueError(f"mode must be 'pre-copy' or 'copy-free', got {mode!r}")
+def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
+                            idx_mapping: ArraySpec, query_len: ArraySpec, is_spec: ArraySpec,
+                            block_table: ArraySpec, *, block_size: int, num_spec: int,
+                            mode: Union[Mode, str]) -> LaunchPlan:
+    """Preprocess (step 1 and the pre-copy plan) and the resolution of read / write blocks
+    in one launch: a row's blocks depend on its own bookkeeping only."""
+    check_step_scalars(block_size, num_spec)
+    mode = check_mode(mode)
+    num_slots = slot_arrays(state_idx, acc, num_computed)
+    rows = batch_rows(idx_mapping, query_len, is_spec)
     win = 1 + num_spec
     return LaunchPlan(
-        kernel=resolve_kernel,
-        grid=(max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),),
-        inputs=("idx_mapping", "query_len", "is_spec", "block_table", "src_col", "src_off",
-                "new_col", "acc"),
-        scalars=("num_rows", "num_slots", "bt_stride", "max_cols"),
-        outputs=("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write"),
-        constexprs={"WIN": win, "WIN_PAD": next_pow2(win), "BLOCK": ROWS_PER_PROGRAM,
-                    "COPY_FREE": mode == "copy-free"},
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def plan_preprocess_resolve(num_rows: int, num_spec: int, mode: str) -> LaunchPlan:
-    """Preprocess and resolve in one launch: the outputs of both plans (the runners' step,
-    one kernel fewer to dispatch)."""
-    pre, res = _plan_preprocess(num_rows), plan_resolve(num_rows, num_spec, mode)
-    return LaunchPlan(
         kernel=preprocess_resolve_kernel,
-        grid=pre.grid,
+        grid=(max(1, cdiv(rows, ROWS_PER_PROGRAM)),),
         inputs=("idx_mapping", "query_len", "is_spec", "block_table", "state_idx", "acc",
                 "num_computed"),
-        scalars=pre.scalars,
-        outputs=pre.outputs[:-2] + res.outputs + ("state_idx", "acc"),
-        constexprs=dict(res.constexprs),
-        aliases=dict(pre.aliases),
+        scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size))
+        + table_scalars(block_table, num_slots),
+        outputs=PER_ROW + ("state_idx", "acc"),
+        out_specs={n: Output((rows, win) if n == "temporal_write" else (rows,), ROW)
+                   for n in PER_ROW},
+        constexprs={"WIN": win, "WIN_PAD": next_pow2(win), "BLOCK": ROWS_PER_PROGRAM,
+                    "COPY_FREE": mode is Mode.COPY_FREE},
+        aliases={"state_idx": "state_idx", "acc": "acc"},
+        skip=rows == 0,
     )
+
+
+PREPROCESS_RESOLVE = Op(
+    name="preprocess_resolve",
+    arrays=("state_idx", "acc", "num_computed", "idx_mapping", "query_len", "is_spec",
+            "block_table"),
+    statics=(Static("block_size", int), Static("num_spec", int), Static("mode", str)),
+    plan=plan_preprocess_resolve,
+    mutates=("state_idx", "acc"),
+    returns=PER_ROW,
+    doc="""Step 1 of docs/semantics.md §2 and the resolution of §4, one launch. Updates
+    ``state_idx`` / ``acc`` (int32/int64 ``[num_slots]``) in place from ``idx_mapping``,
+    ``query_len`` (int ``[rows]``), ``is_spec`` (bool/int ``[rows]``) and ``block_table``
+    (int ``[>= num_slots, max_cols]``); returns per row: ``src_col``, ``src_bias``,
+    ``run_col``, the pre-copy plan ``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
+    ``copy_bias``, and the kernels' blocks ``temporal_read``, ``conv_read``,
+    ``conv_read_bias``, ``temporal_write`` (``[rows, 1 + num_spec]``), ``conv_write``
+    (int64; int32 in JAX without x64). ``mode``: ``"pre-copy"`` or ``"copy-free"``.""",
+)

@@ -38,9 +38,9 @@ def resolve_j(*a, num_spec):
 def test_fresh_row_with_no_tokens_writes_nowhere():
     # slot 1 fresh (new column -1) with query_len 0: no window, so no write slot at all
     idx, q, spec = np.array([1, 2]), np.array([0, 1]), np.array([0, 1])
-    src_col, src_off, new_col = np.array([-1, -1]), np.array([0, 0]), np.array([-1, -3])
+    src_col, src_bias, run_col = np.array([-1, -1]), np.array([0, 0]), np.array([-1, -3])
     acc = np.ones(4, np.int64)
-    out = both(resolve_t, resolve_j, idx, q, spec, BT, src_col, src_off, new_col, acc,
+    out = both(resolve_t, resolve_j, idx, q, spec, BT, src_col, src_bias, run_col, acc,
                num_spec=1)
     t_write, c_write = out[3], out[4]
     assert (t_write == -1).all() and (c_write == -1).all()
@@ -59,7 +59,7 @@ def post_t(*a, block_size):
 
 def post_j(*a, block_size):
     out = mj.ops.postprocess(*a, block_size)
-    return [out[n] for n in ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")]
+    return [out[n] for n in ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")]
 
 
 @pytest.mark.parametrize(

@@ -36,12 +36,12 @@ def spec_preprocess(st_idx, acc, nc, idx_mapping, query_len, B):
             rows.append((-1, 0, -1))
             continue
         src_col = st_idx[r]
-        src_off = max(acc[r] - 1, 0)
+        src_bias = max(acc[r] - 1, 0)
         new = max(src_col, cdiv(nc[r] + query_len[b], B) - 1)
         st_idx[r] = new
         if src_col >= 0 and src_col != new:
             acc[r] = 1
-        rows.append((src_col, src_off, new))
+        rows.append((src_col, src_bias, new))
     return st_idx, acc, rows
 
 
@@ -86,8 +86,8 @@ def test_preprocess_fresh_same_column_crossing_and_skip():
     # row3 slot2: 2+3=5 tokens -> column 1, crossing from 0 with bias acc-1=1, acc reset
     # row4 slot3: 7+2=9 -> column 2, crossing from 1 with bias 0
     assert plan.src_col.tolist() == [-1, -1, 0, 0, 1]
-    assert plan.src_off.tolist() == [0, 0, 2, 1, 0]
-    assert plan.state_idx.tolist() == [0, -1, 0, 1, 2]
+    assert plan.src_bias.tolist() == [0, 0, 2, 1, 0]
+    assert plan.run_col.tolist() == [0, -1, 0, 1, 2]
     assert plan.crossing.tolist() == [False, False, False, True, True]
     assert new.state_idx.tolist() == [0, 0, 1, 2, 5]
     assert new.acc.tolist() == [1, 3, 1, 1, 2]  # slot 4 is not in the batch: untouched
@@ -98,7 +98,7 @@ def test_preprocess_never_moves_back():
     # Last step scheduled 4 tokens from 6 (-> column 2 with B=4); this one schedules 1.
     s = slots([2], [1], [7])
     new, plan = preprocess(s, [0], [1], 4)
-    assert plan.state_idx.tolist() == [2] and not plan.crossing[0]
+    assert plan.run_col.tolist() == [2] and not plan.crossing[0]
 
 
 def test_accept_spec_and_non_spec_rows():
@@ -157,12 +157,12 @@ def test_worked_example_number_by_number():
 
     # Next step at 558: state_idx = 1, bias 1, acc = 1.
     s, p = preprocess(s, [0], [4], B)
-    assert (p.src_col[0], p.src_off[0], p.state_idx[0], bool(p.crossing[0])) == (0, 1, 1, True)
+    assert (p.src_col[0], p.src_bias[0], p.state_idx[0], bool(p.crossing[0])) == (0, 1, 1, True)
     assert (s.state_idx[0], s.acc[0]) == (1, 1)
     pre = precopy_plan(bt, [0], p)
     # temporal bt[0 + 1] -> bt[1]: a self-copy (block 3 rotated into column 1);
     # conv shifted by 1 from bt[0] into bt[1].
-    assert (pre.temporal_src[0], pre.conv_src[0], pre.dst[0], pre.shift[0]) == (3, 7, 3, 1)
+    assert (pre.tsrc[0], pre.csrc[0], pre.dst[0], pre.bias[0]) == (3, 7, 3, 1)
 
     # Accept 2 -> 560: running 559, aligned 560, bias 1, dest 0.
     s = accept(s, [0], [4], [2], True)
@@ -172,11 +172,11 @@ def test_worked_example_number_by_number():
     assert s.acc[0] == 2  # dest != state_idx: the state stays in window column 1
     cp = postprocess_copy_plan(bt, [0], post)
     # temporal window column 1 (bt[2] = 5) -> bt[0]; conv bt[1] shifted by 1 -> bt[0]
-    assert (cp.temporal_src[0], cp.conv_src[0], cp.dst[0], cp.shift[0]) == (5, 3, 7, 1)
+    assert (cp.tsrc[0], cp.csrc[0], cp.dst[0], cp.bias[0]) == (5, 3, 7, 1)
     # copy_plan directly with the same columns gives the same plan
     direct = copy_plan(bt, [0], [1], [0], [1])
     assert all(np.array_equal(getattr(cp, f), getattr(direct, f))
-               for f in ("temporal_src", "conv_src", "dst", "shift"))
+               for f in ("tsrc", "csrc", "dst", "shift"))
 
 
 # -- vectorized == per-row transcription on random inputs -----------------------------
@@ -205,7 +205,7 @@ def test_preprocess_matches_spec_transcription(args):
     new, plan = preprocess(s, idx, q, B)
     want_idx, want_acc, rows = spec_preprocess(st_idx, acc, nc, idx.tolist(), q.tolist(), B)
     assert new.state_idx.tolist() == want_idx and new.acc.tolist() == want_acc
-    assert list(zip(plan.src_col.tolist(), plan.src_off.tolist(), plan.state_idx.tolist())) == rows
+    assert list(zip(plan.src_col.tolist(), plan.src_bias.tolist(), plan.run_col.tolist())) == rows
 
 
 @settings(max_examples=300)

@@ -42,13 +42,13 @@ def loop_conv(pool, p, layout):
     before = pool.copy()
     w = pool.shape[2] if layout == "SD" else pool.shape[3]
     for r in range(len(p.dst)):
-        if p.conv_src[r] < 0 or p.dst[r] < 0:
+        if p.csrc[r] < 0 or p.dst[r] < 0:
             continue
-        for i in range(w - p.shift[r]):
+        for i in range(w - p.bias[r]):
             if layout == "SD":
-                out[:, p.dst[r], i] = before[:, p.conv_src[r], i + p.shift[r]]
+                out[:, p.dst[r], i] = before[:, p.csrc[r], i + p.bias[r]]
             else:
-                out[:, p.dst[r], :, i] = before[:, p.conv_src[r], :, i + p.shift[r]]
+                out[:, p.dst[r], :, i] = before[:, p.csrc[r], :, i + p.bias[r]]
     return out
 
 

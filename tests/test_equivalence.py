@@ -36,7 +36,7 @@ from mamba_align.core import (
     postprocess_copy_plan,
     precopy_plan,
     preprocess,
-    resolve_slots,
+    resolve_blocks,
 )
 from mamba_align.core.symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
 
@@ -115,15 +115,15 @@ class TriDriver:
         self.state, pre = preprocess(self.state, idx, q, B)
         if self.mode == "pre-copy":
             apply_copy(self.np_pools, self.sym, precopy_plan(bt, idx, pre))
-        slots = resolve_slots(bt, idx, self.state, pre, q, spec, S, self.mode)
+        slots = resolve_blocks(bt, idx, self.state, pre, q, spec, S, self.mode)
         ts = self.t_run.preprocess(self.t_pools, *t_in)
         self.j_state, self.j_pools, js = mj.preprocess(self.j_state, self.j_pools, *j_in,
                                                        self.sym, self.mode)
         self.check_state()
         self.check_pools()
-        for f in ("src_col", "src_off", "state_idx"):
+        for f in ("src_col", "src_bias", "run_col"):
             same(f, getattr(pre, f), getattr(ts, f), getattr(js, f))
-        for f in ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write"):
+        for f in ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write"):
             same(f, getattr(slots, f), getattr(ts, f), getattr(js, f))
 
         # the symbolic forward, once, on the core pools; its writes are mirrored to the others
@@ -235,14 +235,14 @@ def test_fused_preprocess_resolve_equals_the_two_kernels(mode):
         st = (J(seeded.state_idx), J(acc), J(seeded.num_computed))
         if fused:
             o = mj.ops.preprocess_resolve(*st, J(idx), J(q), jnp.asarray(spec), J(bt), B, S, mode)
-            res = [o[n] for n in ("temporal_read", "conv_read", "conv_read_off", "temporal_write",
+            res = [o[n] for n in ("temporal_read", "conv_read", "conv_read_bias", "temporal_write",
                                   "conv_write")]
         else:
             o = mj.ops.preprocess(*st, J(idx), J(q), J(bt), B)
             res = mj.ops.resolve(J(idx), J(q), jnp.asarray(spec), J(bt), o["src_col"],
-                                 o["src_off"], o["new_col"], o["acc"], S, mode)
-        names = ("state_idx", "acc", "src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc",
-                 "copy_dst", "copy_shift")
+                                 o["src_bias"], o["run_col"], o["acc"], S, mode)
+        names = ("state_idx", "acc", "src_col", "src_bias", "run_col", "copy_tsrc", "copy_csrc",
+                 "copy_dst", "copy_bias")
         return [host(o[n]) for n in names] + [host(x) for x in res]
 
     for run in (torch_run, jax_run):

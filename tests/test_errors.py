@@ -35,7 +35,7 @@ from mamba_align.core import (
     postprocess_copy_plan,
     precopy_plan,
     preprocess,
-    resolve_slots,
+    resolve_blocks,
     running_column,
     window_blocks,
 )
@@ -87,7 +87,7 @@ def _update():
 
 def _resolve():
     state, plan = preprocess(_state(), IDX, QLEN, B)
-    return resolve_slots, dict(
+    return resolve_blocks, dict(
         block_table=BT, idx_mapping=IDX, state=state, plan=plan, query_len=QLEN,
         is_spec=SPEC, num_spec=S, mode="pre-copy",
     )
@@ -115,7 +115,7 @@ GOOD = {
                                                   state_idx=np.array([2, -1, 0]), num_spec=S)),
     "gather_columns": lambda: (gather_columns, dict(block_table=BT, idx_mapping=IDX,
                                                     cols=np.array([[0, 1], [0, 0], [3, 4]]))),
-    "resolve_slots": _resolve,
+    "resolve_blocks": _resolve,
     "copy_plan": lambda: (copy_plan, dict(block_table=BT, idx_mapping=np.array([0, 1]),
                                           src_col=np.array([1, -1]), dst_col=np.array([2, 0]),
                                           bias=np.array([1, 0]))),
@@ -210,15 +210,15 @@ CASES = [
     ("gather_columns", "block_table", BT.astype(np.float32), T, None),
     ("gather_columns", "block_table", -BT, V, None),
     ("gather_columns", "idx_mapping", np.array([0, -1, 3]), V, None),  # >= table rows
-    ("resolve_slots", "mode", "copyfree", V, None),
-    ("resolve_slots", "plan", (IDX, IDX, IDX, SPEC), T, None),
-    ("resolve_slots", "plan",
+    ("resolve_blocks", "mode", "copyfree", V, None),
+    ("resolve_blocks", "plan", (IDX, IDX, IDX, SPEC), T, None),
+    ("resolve_blocks", "plan",
      PreprocessPlan(np.array([1, -1, -1]), np.zeros(3, int), np.array([1, -1, 0]),
-                    np.zeros(3, bool)), V, "plan.state_idx"),
-    ("resolve_slots", "query_len", np.array([3, 0, 4]), V, None),  # spec row > 1 + S
-    ("resolve_slots", "idx_mapping", np.array([0, 0, 1]), V, None),  # duplicated slot
-    ("resolve_slots", "is_spec", 1, T, None),
-    ("resolve_slots", "num_spec", 5, V, "block table"),  # window beyond the block table
+                    np.zeros(3, bool)), V, "plan.run_col"),
+    ("resolve_blocks", "query_len", np.array([3, 0, 4]), V, None),  # spec row > 1 + S
+    ("resolve_blocks", "idx_mapping", np.array([0, 0, 1]), V, None),  # duplicated slot
+    ("resolve_blocks", "is_spec", 1, T, None),
+    ("resolve_blocks", "num_spec", 5, V, "block table"),  # window beyond the block table
     # --- copy reference ----------------------------------------------------------------
     ("copy_plan", "dst_col", np.array([-1, 0]), V, None),  # negative on a copying row
     ("copy_plan", "dst_col", np.array([5, 0]), V, "block table"),
@@ -313,7 +313,7 @@ def test_every_public_callable_is_covered():
     entry_points = {
         "CacheConfig", "ConvSpec", "TemporalSpec", "init_slots", "add_requests", "preprocess",
         "accept", "postprocess", "running_column", "window_blocks", "gather_columns",
-        "resolve_slots", "copy_plan", "precopy_plan", "postprocess_copy_plan",
+        "resolve_blocks", "copy_plan", "precopy_plan", "postprocess_copy_plan",
         "apply_temporal_copy", "apply_conv_copy", "apply_copy", "BlockPool", "Scheduler",
         "pad_batch", "SymbolicRunner",
     }

@@ -63,12 +63,12 @@ def test_copies_core_torch_jax_bit_identical(rows, dtype, layout):
     i64 = lambda a: torch.as_tensor(a, device=DEVICE)  # noqa: E731
     if layout == "temporal":
         apply_temporal_copy(want, p)
-        got = mj.ops.copy_temporal(jnp.asarray(pool), j(p.temporal_src), j(p.dst))
-        tops.call("copy_temporal_", t, i64(p.temporal_src), i64(p.dst))
+        got = mj.ops.copy_temporal(jnp.asarray(pool), j(p.tsrc), j(p.dst))
+        tops.call("copy_temporal_", t, i64(p.tsrc), i64(p.dst))
     else:
         apply_conv_copy(want, p, layout)
-        got = mj.ops.copy_conv(jnp.asarray(pool), j(p.conv_src), j(p.dst), j(p.shift), layout)
-        tops.call("copy_conv_", t, i64(p.conv_src), i64(p.dst), i64(p.shift), layout)
+        got = mj.ops.copy_conv(jnp.asarray(pool), j(p.csrc), j(p.dst), j(p.bias), layout)
+        tops.call("copy_conv_", t, i64(p.csrc), i64(p.dst), i64(p.bias), layout)
     t_host = t.cpu()
     t_host = (t_host.view(torch.int16) if dtype == ml_dtypes.bfloat16 else t_host).numpy()
     assert np.array_equal(bits(got), bits(want))

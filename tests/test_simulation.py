@@ -174,14 +174,14 @@ def test_spec_worked_example_exact_sequence():
         assert req.state_idx == 1
         if mode == "pre-copy":
             p = rec.precopy
-            assert p.temporal_src[0] == p.dst[0] == bt[1]  # spec block 1 rotated in place
-            assert p.conv_src[0] == bt[0] and p.shift[0] == 1
+            assert p.tsrc[0] == p.dst[0] == bt[1]  # spec block 1 rotated in place
+            assert p.csrc[0] == bt[0] and p.bias[0] == 1
         else:
-            assert rec.slots.temporal_read[0] == bt[1] and rec.slots.conv_read_off[0] == 1
+            assert rec.slots.temporal_read[0] == bt[1] and rec.slots.conv_read_bias[0] == 1
         # accepted 2 -> 560: post-process copies window column 1 into column 0
         assert req.num_computed == 560
         p = rec.postcopy
-        assert (p.temporal_src[0], p.conv_src[0], p.dst[0], p.shift[0]) == (bt[2], bt[1], bt[0], 1)
+        assert (p.tsrc[0], p.csrc[0], p.dst[0], p.bias[0]) == (bt[2], bt[1], bt[0], 1)
         (c, got, want), = rec.cached
         assert (c.column, c.block, c.num_tokens) == (0, bt[0], 560) and got == want
         assert 0 not in sched.blocks_of(req)  # block 0 released (into the prefix cache)
@@ -245,7 +245,7 @@ def test_prefix_hit_resumes_from_cached_snapshot(mode):
     hit_block = int(rec.batch.block_table[req.slot, 1])
     assert sched.pool.is_cached(hit_block)
     if mode == "pre-copy":  # the first step copies (never moves) the cached snapshot, bias 0
-        assert rec.precopy.temporal_src[0] == hit_block and rec.precopy.shift[0] == 0
+        assert rec.precopy.tsrc[0] == hit_block and rec.precopy.bias[0] == 0
     else:
         assert rec.slots.temporal_read[0] == hit_block
     assert hit_block not in rec.rows[0].writes
@@ -311,19 +311,19 @@ def test_checker_detects_a_wrong_read_slot():
     sched.add_request(0, [1, 2, 3, 4, 5], list(range(10, 30)))
     import mamba_align.core.simulate as sim
 
-    orig = sim.resolve_slots
+    orig = sim.resolve_blocks
 
     def stale(*a, **k):  # read window column 0 instead of acc - 1
         out = orig(*a, **k)
         out.temporal_read[:] = np.where(out.temporal_read >= 0, out.conv_read, -1)
         return out
 
-    sim.resolve_slots = stale
+    sim.resolve_blocks = stale
     try:
         with pytest.raises(AssertionError):
             Checker(SymbolicRunner(sched, "pre-copy")).run()
     finally:
-        sim.resolve_slots = orig
+        sim.resolve_blocks = orig
 
 
 # -- random request streams -----------------------------------------------------------

@@ -8,7 +8,7 @@ from mamba_align.core import (
     add_requests,
     init_slots,
     preprocess,
-    resolve_slots,
+    resolve_blocks,
     window_blocks,
 )
 
@@ -36,14 +36,14 @@ def resolve(st_idx, acc, nc, q, spec, mode):
     idx = np.array([0, -1])
     qs = np.array([q, 0])
     s1, plan = preprocess(s0, idx, qs, B)
-    return s1, plan, resolve_slots(BT, idx, s1, plan, qs, spec, S, mode)
+    return s1, plan, resolve_blocks(BT, idx, s1, plan, qs, spec, S, mode)
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
 def test_fresh_row_reads_zero_state(mode):
     _, plan, k = resolve(-1, 1, 0, 3, True, mode)
-    assert plan.state_idx[0] == 0
-    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_off[0]) == (-1, -1, 0)
+    assert plan.run_col[0] == 0
+    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (-1, -1, 0)
     assert k.temporal_write[0].tolist() == [10, 11, 12] and k.conv_write[0] == 10
     # the skipped row resolves to nothing
     assert (k.temporal_read[1], k.conv_read[1], k.conv_write[1]) == (-1, -1, -1)
@@ -55,22 +55,22 @@ def test_same_column_reads_accepted_candidate(mode):
     # Column 1, acc 3 from the last step, 5 computed + 2 scheduled stays in column 1.
     _, plan, k = resolve(1, 3, 5, 2, True, mode)
     assert not plan.crossing[0]
-    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_off[0]) == (13, 11, 2)
+    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (13, 11, 2)
     assert k.temporal_write[0].tolist() == [11, 12, -1]  # T = 2 candidates
     assert k.conv_write[0] == 11
 
 
 def test_crossing_row_pre_copy_reads_new_window_column_zero():
     s1, plan, k = resolve(1, 2, 6, 3, True, "pre-copy")
-    assert plan.crossing[0] and plan.state_idx[0] == 2 and s1.acc[0] == 1
-    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_off[0]) == (12, 12, 0)
+    assert plan.crossing[0] and plan.run_col[0] == 2 and s1.acc[0] == 1
+    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (12, 12, 0)
     assert k.temporal_write[0].tolist() == [12, 13, 14]
 
 
 def test_crossing_row_copy_free_reads_old_column():
     _, plan, k = resolve(1, 2, 6, 3, True, "copy-free")
-    # temporal bt[src_col + src_off] = bt[2], which is also write slot 0 (read before write)
-    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_off[0]) == (12, 11, 1)
+    # temporal bt[src_col + src_bias] = bt[2], which is also write slot 0 (read before write)
+    assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (12, 11, 1)
     assert k.temporal_write[0].tolist() == [12, 13, 14]
 
 
@@ -78,7 +78,7 @@ def test_crossing_row_copy_free_reads_old_column():
 def test_non_spec_prefill_writes_final_state_to_window_column_zero(mode):
     # 4 computed (a boundary), chunk of 8: column 0 -> 2, bias 0.
     _, plan, k = resolve(0, 1, 4, 8, False, mode)
-    assert plan.state_idx[0] == 2 and plan.crossing[0]
+    assert plan.run_col[0] == 2 and plan.crossing[0]
     want_read = 12 if mode == "pre-copy" else 10
     assert (k.temporal_read[0], k.conv_read[0]) == (want_read, want_read)
     assert k.temporal_write[0].tolist() == [12, -1, -1] and k.conv_write[0] == 12
@@ -89,10 +89,10 @@ def test_prefix_hit_first_step_reads_the_hit_block():
     s = add_requests(init_slots(2), [0], [8], B)
     idx, q = np.array([0]), np.array([3])
     s1, plan = preprocess(s, idx, q, B)
-    assert (plan.src_col[0], plan.src_off[0], plan.state_idx[0]) == (1, 0, 2)
-    cf = resolve_slots(BT, idx, s1, plan, q, False, S, "copy-free")
-    assert (cf.temporal_read[0], cf.conv_read[0], cf.conv_read_off[0]) == (11, 11, 0)
-    pc = resolve_slots(BT, idx, s1, plan, q, False, S, "pre-copy")
+    assert (plan.src_col[0], plan.src_bias[0], plan.run_col[0]) == (1, 0, 2)
+    cf = resolve_blocks(BT, idx, s1, plan, q, False, S, "copy-free")
+    assert (cf.temporal_read[0], cf.conv_read[0], cf.conv_read_bias[0]) == (11, 11, 0)
+    pc = resolve_blocks(BT, idx, s1, plan, q, False, S, "pre-copy")
     assert (pc.temporal_read[0], pc.conv_read[0]) == (12, 12)
 
 
@@ -100,11 +100,11 @@ def test_spec_rows_longer_than_window_are_rejected():
     s0 = state([0], [1], [1])
     s1, plan = preprocess(s0, [0], [4], B)
     with pytest.raises(ValueError, match="query_len <= 1 \\+ num_spec"):
-        resolve_slots(BT, [0], s1, plan, [4], True, S)
+        resolve_blocks(BT, [0], s1, plan, [4], True, S)
 
 
 def test_resolve_needs_the_preprocess_output():
     s0 = state([0], [1], [2])
     _, plan = preprocess(s0, [0], [3], B)  # 5 tokens: column 0 -> 1
     with pytest.raises(ValueError, match="pass the preprocess output"):
-        resolve_slots(BT, [0], s0, plan, [3], True, S)  # stale state
+        resolve_blocks(BT, [0], s0, plan, [3], True, S)  # stale state

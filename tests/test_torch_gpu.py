@@ -93,7 +93,7 @@ def fresh_pools(cfg, nb):
 def run_step(runner, pools, idx, ql, is_spec, bt, ns):
     s = runner.preprocess(pools, idx, ql, is_spec, bt)
     c = runner.postprocess(pools, idx, ql, is_spec, ns, bt)
-    return [s.temporal_read, s.conv_read, s.conv_read_off, s.temporal_write, s.conv_write, c]
+    return [s.temporal_read, s.conv_read, s.conv_read_bias, s.temporal_write, s.conv_write, c]
 
 
 def test_a_step_never_synchronises_with_the_host():

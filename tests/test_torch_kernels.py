@@ -69,7 +69,7 @@ def test_temporal_copy_kernel_is_byte_exact(rows, dtype, index_dtype, block):
     apply_temporal_copy(want, plan)
     t = pool.to(DEVICE, copy=True)
     idx = lambda a: torch.as_tensor(a, dtype=index_dtype, device=DEVICE)  # noqa: E731
-    torch.ops.mamba_align.copy_temporal_(t, idx(plan.temporal_src), idx(plan.dst))
+    torch.ops.mamba_align.copy_temporal_(t, idx(plan.tsrc), idx(plan.dst))
     assert same_bytes(t, want)
 
 
@@ -90,7 +90,7 @@ def test_conv_copy_kernel_is_byte_exact(rows, layout, dtype, S, D):
     apply_conv_copy(want, plan, layout)
     t = pool.to(DEVICE, copy=True)
     i64 = lambda a: torch.as_tensor(a, device=DEVICE)  # noqa: E731
-    torch.ops.mamba_align.copy_conv_(t, i64(plan.conv_src), i64(plan.dst), i64(plan.shift), layout)
+    torch.ops.mamba_align.copy_conv_(t, i64(plan.csrc), i64(plan.dst), i64(plan.bias), layout)
     assert same_bytes(t, want)
 
 
@@ -159,7 +159,7 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(rows_per_program):
         constexprs=dict(base.constexprs, ROWS_PER_PROGRAM=rows_per_program))
     bits = pool.view(torch.int32)
     idx = lambda a: torch.as_tensor(a, device=DEVICE)  # noqa: E731
-    tops._launch(grouped, {"pool": bits, "src": idx(plan.temporal_src), "dst": idx(plan.dst)},
+    tops._launch(grouped, {"pool": bits, "src": idx(plan.tsrc), "dst": idx(plan.dst)},
                  dict(pool_scalars(tuple(bits.shape), bits.stride()), num_rows=rows))
     assert same_bytes(pool, want)
 

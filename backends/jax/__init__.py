@@ -4,7 +4,7 @@ CPU, with pure, jittable step functions over a pytree of per-slot bookkeeping.""
 
 from . import ops
 from .bridge import launch
-from .runner import JaxSlots, SlotArrays, add_requests, init_state, postprocess, preprocess
+from .runner import JaxBlocks, SlotArrays, add_requests, init_state, postprocess, preprocess
 
-__all__ = ["ops", "launch", "SlotArrays", "JaxSlots", "init_state", "add_requests",
+__all__ = ["ops", "launch", "SlotArrays", "JaxBlocks", "init_state", "add_requests",
            "preprocess", "postprocess"]

@@ -1,9 +1,9 @@
 """The one entry point through which JAX launches a kernel: :func:`launch`.
 
 It takes a :class:`~mamba_align.kernels.LaunchPlan` (the same plan the torch backend
-uses), the input arrays and scalars by name, and the shapes of the outputs that are not
-aliased to an input, and returns every output by name. In-place outputs (``plan.aliases``)
-are returned as the updated input array.
+uses; it carries the scalars and the outputs' shapes and dtypes) and the input arrays by
+name, and returns every output by name. In-place outputs (``plan.aliases``) are returned
+as the updated input array. Scalars reach the kernel as Python ``int`` or ``np.float32``.
 
 * GPU: ``jax_triton.triton_call`` with ``input_output_aliases`` (its import needs a GPU
   and clears ``TRITON_CACHE_DIR``, so it is imported lazily and the variable restored).
@@ -59,25 +59,24 @@ def _jax_triton():
     return _JT
 
 
-def launch(plan, arrays: Mapping[str, Any], scalars: Mapping[str, int],
-           out_specs: Mapping[str, jax.ShapeDtypeStruct]) -> Dict[str, jax.Array]:
-    """Run ``plan`` on JAX arrays; returns ``{output name: array}``.
+def _scalar(name: str, v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"scalar {name} must be a Python int or float, got {type(v).__name__}")
+    return np.float32(v) if isinstance(v, float) else int(v)
 
-    ``arrays`` holds every input by name; ``out_specs`` the shape/dtype of every output that
-    does not alias an input. Scalars must be Python ints.
-    """
-    for name, v in scalars.items():
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise TypeError(f"scalar {name} must be a Python int, got {type(v).__name__}")
+
+def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
+    """Run ``plan`` on JAX arrays (every input by name); returns ``{output name: array}``."""
     specs = []
     for name in plan.outputs:
         if name in plan.aliases:
             src = arrays[plan.aliases[name]]
             specs.append(jax.ShapeDtypeStruct(src.shape, src.dtype))
         else:
-            specs.append(out_specs[name])
+            o = plan.out_specs[name]
+            specs.append(jax.ShapeDtypeStruct(o.shape, jax.dtypes.canonicalize_dtype(o.dtype)))
     inputs = [arrays[n] for n in plan.inputs]
-    scalar_values = [scalars[n] for n in plan.scalars]
+    scalar_values = [_scalar(n, v) for n, v in plan.scalars]
     if on_gpu():
         outs = _launch_gpu(plan, inputs, scalar_values, specs)
     else:
@@ -133,7 +132,8 @@ def _interpreter_callback(plan, scalar_values, specs):
         bufs = [np.array(x, copy=True) for x in host_inputs]  # writable copies
         outs = [bufs[alias_of[i]] if i in alias_of else np.empty(s.shape, s.dtype)
                 for i, s in enumerate(specs)]
-        args = [_torch_view(b) for b in bufs] + list(scalar_values)
+        args = [_torch_view(b) for b in bufs] + [float(v) if isinstance(v, np.floating) else v
+                                                 for v in scalar_values]
         out_views = {i: args[alias_of[i]] if i in alias_of else _torch_view(o)
                      for i, o in enumerate(outs)}
         args += [out_views[i] for i in range(len(outs))]

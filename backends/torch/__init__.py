@@ -1,8 +1,10 @@
-"""PyTorch backend: the kernels as ``torch.ops.mamba_align.*`` custom ops and a
-:class:`StateRunner` holding the device-resident bookkeeping of a serving runner."""
+"""PyTorch backend: the kernels as functions on tensors and ``torch.ops.mamba_align.*``
+custom ops, and a :class:`StateRunner` holding the device-resident bookkeeping of a serving
+runner."""
 
-from .ops import add_requests_, copy_conv_, copy_temporal_, postprocess_, preprocess_, resolve
-from .runner import StateRunner, TorchSlots
+from .ops import (add_requests_, copy_conv_, copy_pools_, copy_temporal_, postprocess_,
+                  preprocess_resolve_)
+from .runner import StateRunner, TorchBlocks
 
-__all__ = ["StateRunner", "TorchSlots", "add_requests_", "preprocess_", "resolve",
-           "postprocess_", "copy_temporal_", "copy_conv_"]
+__all__ = ["StateRunner", "TorchBlocks", "add_requests_", "preprocess_resolve_",
+           "postprocess_", "copy_temporal_", "copy_conv_", "copy_pools_"]

@@ -1,289 +1,139 @@
-"""Thin torch launchers for the kernels, registered as ``torch.library`` custom ops
-(``torch.ops.mamba_align.*``) with fake implementations, so they work eagerly, under
-CUDA-graph capture and under ``torch.compile``.
+"""The torch launcher: every operation of :data:`mamba_align.kernels.OPS` as a function on
+tensors and as a ``torch.library`` custom op (``torch.ops.mamba_align.<name>``) with a fake
+implementation, so it works eagerly, under CUDA-graph capture and under ``torch.compile``.
 
-Each launcher validates dtypes, shapes, devices and layouts (never values: that would
-synchronise), builds the plan from ``mamba_align.kernels`` and launches it. :func:`call`
-runs the plain Python launcher when not compiling: the custom-op dispatcher costs about
-25 us of host time per call (measured on the H200 host), which an eager step need not pay.
+Nothing here is specific to an operation: :func:`launch` describes the tensors to the op's
+plan builder (which validates dtypes, shapes, strides and layouts, never values: that
+would synchronise), allocates the outputs the plan names and launches. Operations that
+update arrays in place carry a trailing underscore and mutate them; every function returns
+its new outputs by name (``None`` when it has none). Outside ``torch.compile`` the public
+functions call :func:`launch` directly: the custom-op dispatcher costs about 25 us of host
+time per call (measured on the H200 host), which an eager step need not pay.
 """
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from ... import kernels as K
-from .checks import flag_tensor, index_tensor, pool_tensor, same_device
 
 
-EAGER = {}  # op name -> the plain launcher behind the custom op
+def spec(name: str, t: Any) -> K.ArraySpec:
+    """What a plan needs to know of tensor ``t`` (argument ``name``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return K.ArraySpec(tuple(t.shape), str(t.dtype)[6:], tuple(t.stride()))
 
 
-def _op(name: str, mutates=()):
-    """Register ``fn`` as ``torch.ops.mamba_align.<name>`` and remember the plain function."""
-
-    def wrap(fn):
-        EAGER[name] = fn
-        return torch.library.custom_op(f"mamba_align::{name}", fn, mutates_args=mutates)
-
-    return wrap
+def dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
 
 
-def call(name: str, *args):
-    """Run op ``name``: through the dispatcher under ``torch.compile``, directly otherwise."""
-    if torch.compiler.is_compiling():
-        return getattr(torch.ops.mamba_align, name)(*args)
-    return EAGER[name](*args)
-
-
-def _launch(plan: K.LaunchPlan, arrays, scalars) -> None:
-    plan.kernel[plan.grid](*plan.args(arrays, scalars), **plan.constexprs,
-                           num_warps=plan.num_warps)
-
-
-def _rows_like(ref: torch.Tensor, n: int, *shape: int) -> torch.Tensor:
-    return torch.empty((n,) + shape, dtype=torch.int64, device=ref.device)
-
-
-def _slot_arrays(state_idx, acc, num_computed):
-    dev = state_idx.device
-    n = state_idx.shape[0] if isinstance(state_idx, torch.Tensor) else None
-    index_tensor("state_idx", state_idx, dev, (None,))
-    index_tensor("acc", acc, dev, (n,))
-    index_tensor("num_computed", num_computed, dev, (n,))
+def _device(arrays: Mapping[str, Tensor]) -> torch.device:
+    it = iter(arrays.items())
+    first, t = next(it)
+    dev = t.device
+    for name, t in it:
+        if t.device != dev:
+            raise ValueError(f"{name} is on {t.device}, expected {dev} (as {first})")
     return dev
 
 
-def _block_table(bt, dev, num_slots: int):
-    index_tensor("block_table", bt, dev, (None, None))
-    return K.table_scalars(tuple(bt.shape), bt.stride(0), num_slots)
+def _plan(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> K.LaunchPlan:
+    return op.plan(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
 
 
-# -- add_requests ------------------------------------------------------------------------
-@_op("add_requests_", ("state_idx", "acc", "num_computed"))
-def add_requests_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
-                  slots: torch.Tensor, num_computed_new: torch.Tensor, block_size: int) -> None:
-    """Seed slots ``slots`` ([n]) with ``num_computed_new`` ([n]) computed tokens in place:
-    ``state_idx = (num_computed - 1) // B``, ``acc = 1``. Per-slot arrays are [num_slots]."""
-    K.check_step_scalars(block_size)
-    dev = _slot_arrays(state_idx, acc, num_computed)
-    index_tensor("slots", slots, dev, (None,))
-    index_tensor("num_computed_new", num_computed_new, dev, (slots.shape[0],))
-    n = slots.shape[0]
-    if n == 0:
-        return
-    plan = K.plan_add_requests(n)
-    _launch(plan, {"slots": slots, "num_computed_new": num_computed_new, "state_idx": state_idx,
-                   "acc": acc, "num_computed": num_computed},
-            {"num_new": n, "num_slots": state_idx.shape[0], "block_size": block_size})
+def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> Dict[str, Tensor]:
+    """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
+    in-place arrays are updated, new outputs returned by name."""
+    plan = _plan(op, arrays, statics)
+    dev = _device(arrays)
+    outs = {n: torch.empty(o.shape, dtype=dtype(o.dtype), device=dev)
+            for n, o in plan.out_specs.items()}
+    if not plan.skip:
+        args = dict(arrays, **outs)
+        for n, d in plan.views.items():  # copies see pools as same-width integers
+            args[n] = arrays[n].view(dtype(d))
+        plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, num_warps=plan.num_warps)
+    return outs
 
 
-@add_requests_.register_fake
-def _(state_idx, acc, num_computed, slots, num_computed_new, block_size):
-    return None
+_SCHEMA_TYPES = {int: "int", bool: "bool", float: "float", str: "str"}
 
 
-# -- preprocess ---------------------------------------------------------------------------
-@_op("preprocess_", ("state_idx", "acc"))
-def preprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
-                idx_mapping: torch.Tensor, query_len: torch.Tensor, block_table: torch.Tensor,
-                block_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """SPEC.md §2 steps 1-2 on the device. Updates ``state_idx`` / ``acc`` in place and
-    returns int64 ``[rows]`` tensors ``[src_col, src_off, new_col, copy_tsrc, copy_csrc,
-    copy_dst, copy_shift]`` (the last four: the pre-copy's physical plan)."""
-    K.check_step_scalars(block_size)
-    dev = _slot_arrays(state_idx, acc, num_computed)
-    rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
-    index_tensor("idx_mapping", idx_mapping, dev, (None,))
-    index_tensor("query_len", query_len, dev, (rows,))
-    scal = _block_table(block_table, dev, state_idx.shape[0])
-    outs = [_rows_like(idx_mapping, rows) for _ in range(7)]
-    if rows:
-        names = ("src_col", "src_off", "new_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
-        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
-                      block_table=block_table, state_idx=state_idx, acc=acc,
-                      num_computed=num_computed)
-        _launch(K.plan_preprocess(rows), arrays,
-                dict(scal, num_rows=rows, block_size=block_size))
-    return tuple(outs)
+def _schema(op: K.Op) -> str:
+    arrays = []
+    for i, n in enumerate(op.arrays):
+        alias = f"({chr(ord('a') + op.mutates.index(n))}!)" if n in op.mutates else ""
+        arrays.append(f"Tensor{alias} {n}")
+    statics = [f"{_SCHEMA_TYPES[s.type]} {s.name}" for s in op.statics]
+    params = ", ".join(arrays + (["*"] + statics if statics else []))
+    return f"({params}) -> {'Tensor[]' if op.returns else '()'}"
 
 
-@preprocess_.register_fake
-def _(state_idx, acc, num_computed, idx_mapping, query_len, block_table, block_size):
-    return tuple(idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(7))
+def _register(op: K.Op, name: str):
+    """``torch.ops.mamba_align.<name>``: the launcher, and a fake that allocates only."""
+
+    def impl(*args, **statics):
+        outs = launch(op, dict(zip(op.arrays, args)), statics)
+        return [outs[n] for n in op.returns] if op.returns else None
+
+    def fake(*args, **statics):
+        arrays = dict(zip(op.arrays, args))
+        plan, dev = _plan(op, arrays, statics), _device(arrays)
+        return [torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
+                            device=dev) for n in op.returns] if op.returns else None
+
+    custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
+                                     schema=_schema(op))
+    custom.register_fake(fake)
+    return custom
 
 
-# -- resolve ------------------------------------------------------------------------------
-@_op("resolve", ())
-def resolve(idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
-            block_table: torch.Tensor, src_col: torch.Tensor, src_off: torch.Tensor,
-            new_col: torch.Tensor, acc: torch.Tensor, num_spec: int,
-            copy_free: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """SPEC.md §4 slots: int64 ``[temporal_read [rows], conv_read [rows], conv_read_off
-    [rows], temporal_write [rows, 1 + S], conv_write [rows]]``."""
-    K.check_step_scalars(1, num_spec)
-    dev = idx_mapping.device
-    rows = idx_mapping.shape[0]
-    index_tensor("idx_mapping", idx_mapping, dev, (None,))
-    index_tensor("query_len", query_len, dev, (rows,))
-    flag_tensor("is_spec", is_spec, rows, dev)
-    for name, t in (("src_col", src_col), ("src_off", src_off), ("new_col", new_col)):
-        index_tensor(name, t, dev, (rows,))
-    index_tensor("acc", acc, dev, (None,))
-    scal = _block_table(block_table, dev, acc.shape[0])
-    outs = [_rows_like(idx_mapping, rows) for _ in range(3)]
-    outs += [_rows_like(idx_mapping, rows, 1 + num_spec), _rows_like(idx_mapping, rows)]
-    if rows:
-        mode = "copy-free" if copy_free else "pre-copy"
-        names = ("temporal_read", "conv_read", "conv_read_off", "temporal_write", "conv_write")
-        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
-                      is_spec=is_spec, block_table=block_table, src_col=src_col,
-                      src_off=src_off, new_col=new_col, acc=acc)
-        _launch(K.plan_resolve(rows, num_spec, mode), arrays, dict(scal, num_rows=rows))
-    return tuple(outs)
+def public(op: K.Op):
+    """The user-facing torch function of ``op``: array parameters positional (or by
+    keyword), static options keyword-only; returns the new outputs by name, ``None`` if
+    there are none."""
+    name = op.name + ("_" if op.mutates else "")
+    custom = _register(op, name)
+    sig = op.signature(Tensor, Optional[Dict[str, Tensor]])
+
+    def fn(*args, **kwargs):
+        return call(op, *op.bind(args, kwargs))
+
+    _CUSTOM[op] = custom
+    fn.__name__ = fn.__qualname__ = name
+    fn.__signature__ = sig
+    fn.__doc__ = op.doc
+    return fn
 
 
-@resolve.register_fake
-def _(idx_mapping, query_len, is_spec, block_table, src_col, src_off, new_col, acc, num_spec,
-      copy_free):
-    rows = idx_mapping.shape[0]
-    e = lambda *s: idx_mapping.new_empty((rows,) + s, dtype=torch.int64)  # noqa: E731
-    return e(), e(), e(), e(1 + num_spec), e()
+_CUSTOM: Dict[K.Op, Any] = {}
 
 
-# -- preprocess + resolve (one launch) ----------------------------------------------------
-@_op("preprocess_resolve_", ("state_idx", "acc"))
-def preprocess_resolve_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
-                        idx_mapping: torch.Tensor, query_len: torch.Tensor,
-                        is_spec: torch.Tensor, block_table: torch.Tensor, block_size: int,
-                        num_spec: int, copy_free: bool) -> Tuple[(Tensor,) * 12]:
-    """``preprocess_`` then ``resolve`` in one kernel launch (the runner's step). Updates
-    ``state_idx`` / ``acc`` in place and returns the 7 tensors of ``preprocess_`` followed
-    by the 5 of ``resolve``."""
-    K.check_step_scalars(block_size, num_spec)
-    dev = _slot_arrays(state_idx, acc, num_computed)
-    rows = idx_mapping.shape[0] if isinstance(idx_mapping, torch.Tensor) else None
-    index_tensor("idx_mapping", idx_mapping, dev, (None,))
-    index_tensor("query_len", query_len, dev, (rows,))
-    flag_tensor("is_spec", is_spec, rows, dev)
-    scal = _block_table(block_table, dev, state_idx.shape[0])
-    plan = K.plan_preprocess_resolve(max(rows, 1), num_spec,
-                                     "copy-free" if copy_free else "pre-copy")
-    outs = {n: _rows_like(idx_mapping, rows, *((1 + num_spec,) if n == "temporal_write" else ()))
-            for n in plan.outputs if n not in plan.aliases}
-    if rows:
-        arrays = dict(outs, idx_mapping=idx_mapping, query_len=query_len, is_spec=is_spec,
-                      block_table=block_table, state_idx=state_idx, acc=acc,
-                      num_computed=num_computed)
-        _launch(plan, arrays, dict(scal, num_rows=rows, block_size=block_size))
-    return tuple(outs.values())
+def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
+    """Run ``op``: through its custom op under ``torch.compile``, :func:`launch` otherwise."""
+    if torch.compiler.is_compiling():
+        res = _CUSTOM[op](*(arrays[n] for n in op.arrays), **statics)
+        return dict(zip(op.returns, res)) if op.returns else None
+    outs = launch(op, arrays, statics)
+    return outs if op.returns else None
 
 
-@preprocess_resolve_.register_fake
-def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, block_table, block_size,
-      num_spec, copy_free):
-    rows = idx_mapping.shape[0]
-    e = lambda *s: idx_mapping.new_empty((rows,) + s, dtype=torch.int64)  # noqa: E731
-    return tuple(e() for _ in range(10)) + (e(1 + num_spec), e())
+add_requests_ = public(K.ADD_REQUESTS)
+preprocess_resolve_ = public(K.PREPROCESS_RESOLVE)
+postprocess_ = public(K.POSTPROCESS)
+copy_temporal_ = public(K.COPY_TEMPORAL)
+copy_conv_ = public(K.COPY_CONV)
 
 
-# -- postprocess --------------------------------------------------------------------------
-@_op("postprocess_", ("acc", "num_computed"))
-def postprocess_(state_idx: torch.Tensor, acc: torch.Tensor, num_computed: torch.Tensor,
-                 idx_mapping: torch.Tensor, query_len: torch.Tensor, is_spec: torch.Tensor,
-                 num_sampled: torch.Tensor, block_table: torch.Tensor,
-                 block_size: int) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """SPEC.md §2 steps 5-7 on the device: accept, then the boundary decision. Updates
-    ``acc`` / ``num_computed`` in place; returns int64 ``[rows]`` tensors ``[cache_col,
-    copy_tsrc, copy_csrc, copy_dst, copy_shift]``."""
-    K.check_step_scalars(block_size)
-    dev = _slot_arrays(state_idx, acc, num_computed)
-    rows = idx_mapping.shape[0]
-    index_tensor("idx_mapping", idx_mapping, dev, (None,))
-    index_tensor("query_len", query_len, dev, (rows,))
-    flag_tensor("is_spec", is_spec, rows, dev)
-    index_tensor("num_sampled", num_sampled, dev, (rows,))
-    scal = _block_table(block_table, dev, state_idx.shape[0])
-    outs = [_rows_like(idx_mapping, rows) for _ in range(5)]
-    if rows:
-        names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_shift")
-        arrays = dict(zip(names, outs), idx_mapping=idx_mapping, query_len=query_len,
-                      is_spec=is_spec, num_sampled=num_sampled, block_table=block_table,
-                      state_idx=state_idx, acc=acc, num_computed=num_computed)
-        _launch(K.plan_postprocess(rows), arrays,
-                dict(scal, num_rows=rows, block_size=block_size))
-    return tuple(outs)
-
-
-@postprocess_.register_fake
-def _(state_idx, acc, num_computed, idx_mapping, query_len, is_spec, num_sampled, block_table,
-      block_size):
-    return tuple(idx_mapping.new_empty(idx_mapping.shape, dtype=torch.int64) for _ in range(5))
-
-
-# -- copies --------------------------------------------------------------------------------
-@_op("copy_temporal_", ("pool",))
-def copy_temporal_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """In place, for every row with valid ``src`` and ``dst`` (``0 <= id < NB``, not the
-    same block): ``pool[:, dst] = pool[:, src]`` (bit copy); other rows copy nothing.
-    ``pool`` is ``[L, NB, ...]`` (any dtype, contiguous inner block); ``src``/``dst`` int
-    ``[rows]`` physical block ids."""
-    bits = pool_tensor("pool", pool, tuple(pool.shape[2:]))
-    dev = same_device(pool, src, dst)
-    index_tensor("src", src, dev, (None,))
-    index_tensor("dst", dst, dev, (src.shape[0],))
-    if src.shape[0] == 0 or pool.numel() == 0:
-        return
-    scal = K.pool_scalars(tuple(bits.shape), bits.stride())
-    plan = K.plan_copy_temporal(src.shape[0], scal["num_layers"], scal["block_numel"],
-                                pool.element_size(), K.pool_align(scal))
-    _launch(plan, {"pool": bits, "src": src, "dst": dst}, dict(scal, num_rows=src.shape[0]))
-
-
-@copy_temporal_.register_fake
-def _(pool, src, dst):
-    return None
-
-
-@_op("copy_conv_", ("pool",))
-def copy_conv_(pool: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, shift: torch.Tensor,
-               layout: str) -> None:
-    """In place, for every row with valid ids and ``0 <= shift < W`` (and not a same-block
-    copy with no shift): the conv window of ``src`` shifted left by ``shift`` rows into
-    ``dst`` (memmove-safe when ``src == dst``); other rows copy nothing. ``pool`` is
-    ``[L, NB, W, D]`` ("SD") or ``[L, NB, D, W]`` ("DS")."""
-    if layout not in ("SD", "DS"):
-        raise ValueError(f"layout must be 'SD' or 'DS', got {layout!r}")
-    if pool.dim() != 4:
-        raise ValueError(f"pool must be [L, NB, W, D] or [L, NB, D, W], got {list(pool.shape)}")
-    bits = pool_tensor("pool", pool, tuple(pool.shape[2:]))
-    dev = same_device(pool, src, dst, shift)
-    index_tensor("src", src, dev, (None,))
-    index_tensor("dst", dst, dev, (src.shape[0],))
-    index_tensor("shift", shift, dev, (src.shape[0],))
-    if src.shape[0] == 0 or pool.numel() == 0:
-        return
-    scal = K.pool_scalars(tuple(bits.shape), bits.stride(), layout)
-    plan = K.plan_copy_conv(src.shape[0], scal["num_layers"], scal["width"], scal["dim"],
-                            pool.element_size(), layout, K.pool_align(scal, layout))
-    _launch(plan, {"pool": bits, "src": src, "dst": dst, "shift": shift}, scal)
-
-
-@copy_conv_.register_fake
-def _(pool, src, dst, shift, layout):
-    return None
-
-
-def copy_block_plan_(pools, kinds, tsrc: torch.Tensor, csrc: torch.Tensor, dst: torch.Tensor,
-                     shift: torch.Tensor) -> None:
-    """Apply one physical copy plan to every pool: ``kinds[name]`` is ``"temporal"``,
-    ``"SD"`` or ``"DS"``."""
-    for name, pool in pools.items():
-        kind = kinds[name]
-        if kind == "temporal":
-            call("copy_temporal_", pool, tsrc, dst)
-        else:
-            call("copy_conv_", pool, csrc, dst, shift, kind)
+def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],
+                copy_plan: Mapping[str, Tensor]) -> None:
+    """Apply a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
+    ``copy_bias``, int ``[rows]``) to every pool named in ``kinds``
+    (``CacheConfig.copy_kinds()``), in place."""
+    for name, (op, feeds, statics) in K.pool_copies(kinds).items():
+        call(op, dict({n: copy_plan[k] for n, k in feeds.items()}, pool=pools[name]), statics)

@@ -3,7 +3,7 @@
 Given the block table and the bookkeeping after preprocess, every batch row gets:
 
 * ``temporal_read[b]``: the block holding the initial temporal state (-1: zero state);
-* ``conv_read[b]``, ``conv_read_off[b]``: the block and row offset of the conv history
+* ``conv_read[b]``, ``conv_read_bias[b]``: the block and row offset of the conv history
   (-1: zero history);
 * ``temporal_write[b, j]``: where the state after token ``j + 1`` goes (spec rows,
   ``j < T``) or the final state (non-spec rows, ``j = 0``); -1 elsewhere;
@@ -12,30 +12,45 @@ Given the block table and the bookkeeping after preprocess, every batch row gets
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 
 from .bookkeeping import PreprocessPlan, SlotState, check_slots
 from .checks import bool_array, index_array, positive_int, unique_mapped
 
-MODES = ("pre-copy", "copy-free")
+class Mode(str, enum.Enum):
+    """How crossing rows reach their initial state (docs/semantics.md §3). A ``str``, so
+    ``Mode.COPY_FREE == "copy-free"`` and either spelling is accepted everywhere."""
+
+    PRE_COPY = "pre-copy"  # copy the state into the new running block before the forward
+    COPY_FREE = "copy-free"  # the kernels read crossing rows from the old column
+
+    def __str__(self) -> str:
+        return self.value
 
 
-def check_mode(mode: str) -> str:
-    """``mode`` after checking it is ``"pre-copy"`` or ``"copy-free"`` (every backend uses this)."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return mode
+MODES = tuple(m.value for m in Mode)
+
+
+def check_mode(mode: Union[Mode, str]) -> Mode:
+    """``mode`` as a :class:`Mode` after checking it is one (every backend resolves its
+    mode once, here)."""
+    try:
+        return Mode(mode)
+    except ValueError:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}") from None
 
 
 @dataclass(frozen=True)
-class KernelSlots:
+class KernelBlocks:
     """Resolved slots; int64, ``[rows]`` except ``temporal_write`` ``[rows, 1 + S]``."""
 
     temporal_read: np.ndarray
     conv_read: np.ndarray
-    conv_read_off: np.ndarray
+    conv_read_bias: np.ndarray
     temporal_write: np.ndarray
     conv_write: np.ndarray
 
@@ -68,21 +83,21 @@ def gather_columns(block_table, idx_mapping, cols) -> np.ndarray:
     return out
 
 
-def window_blocks(block_table, idx_mapping, state_idx, num_spec: int) -> np.ndarray:
-    """``bt[r, state_idx[b] : state_idx[b] + 1 + S]`` per batch row: int64 ``[rows, 1 + S]``.
+def window_blocks(block_table, idx_mapping, run_col, num_spec: int) -> np.ndarray:
+    """``bt[r, run_col[b] : run_col[b] + 1 + S]`` per batch row: int64 ``[rows, 1 + S]``.
 
-    ``state_idx`` is per row (e.g. ``PreprocessPlan.state_idx``); rows with
-    ``idx_mapping == -1`` or ``state_idx < 0`` give -1.
+    ``run_col`` is the running column per row (``PreprocessPlan.run_col``); rows with
+    ``idx_mapping == -1`` or ``run_col < 0`` give -1.
     """
     s = positive_int("num_spec", num_spec, minimum=0)
     idx = index_array("idx_mapping", idx_mapping, low=-1)
-    col = index_array("state_idx", state_idx, shape=(idx.shape[0],), low=-1)
+    col = index_array("run_col", run_col, shape=(idx.shape[0],), low=-1)
     cols = col[:, None] + np.arange(1 + s)[None, :]
     cols[col < 0] = -1
     return gather_columns(block_table, idx, cols)
 
 
-def resolve_slots(
+def resolve_blocks(
     block_table,
     idx_mapping,
     state: SlotState,
@@ -90,8 +105,8 @@ def resolve_slots(
     query_len,
     is_spec,
     num_spec: int,
-    mode: str = "pre-copy",
-) -> KernelSlots:
+    mode: Union[Mode, str] = Mode.PRE_COPY,
+) -> KernelBlocks:
     """Resolve per-row kernel slots after preprocess (and after the pre-copy in pre-copy mode).
 
     ``state`` is the bookkeeping returned by :func:`preprocess` (its ``acc`` already reset
@@ -99,7 +114,7 @@ def resolve_slots(
     ``is_spec`` bool ``[rows]`` or one bool; spec rows need ``query_len <= 1 + S``.
     ``mode`` is ``"pre-copy"`` or ``"copy-free"``.
     """
-    check_mode(mode)
+    mode = check_mode(mode)
     state = check_slots(state)
     s = positive_int("num_spec", num_spec, minimum=0)
     idx = index_array("idx_mapping", idx_mapping, low=-1, high=state.num_slots)
@@ -110,13 +125,13 @@ def resolve_slots(
     if not isinstance(plan, PreprocessPlan):
         raise TypeError(f"plan must be a PreprocessPlan, got {type(plan).__name__}")
     src_col = index_array("plan.src_col", plan.src_col, shape=(rows,), low=-1)
-    src_off = index_array("plan.src_off", plan.src_off, shape=(rows,), low=0)
-    col = index_array("plan.state_idx", plan.state_idx, shape=(rows,), low=-1)
+    src_bias = index_array("plan.src_bias", plan.src_bias, shape=(rows,), low=0)
+    col = index_array("plan.run_col", plan.run_col, shape=(rows,), low=-1)
     live = idx >= 0
     if np.any(spec & live & (q > 1 + s)):
         raise ValueError(f"spec rows need query_len <= 1 + num_spec = {1 + s}")
     if np.any(live & (col != state.state_idx[np.where(live, idx, 0)])):
-        raise ValueError("plan.state_idx does not match state.state_idx: pass the preprocess output")
+        raise ValueError("plan.run_col does not match state.state_idx: pass the preprocess output")
 
     win = window_blocks(block_table, idx, col, s)
     acc = np.where(live, state.acc[np.where(live, idx, 0)], 1)
@@ -128,11 +143,11 @@ def resolve_slots(
     c_off = np.where(live, acc - 1, 0)
 
     fresh = src_col < 0
-    if mode == "copy-free":
+    if mode is Mode.COPY_FREE:
         cross = live & ~fresh & (src_col != col)
-        t_read[cross] = gather_columns(block_table, idx, src_col + src_off)[cross]
+        t_read[cross] = gather_columns(block_table, idx, src_col + src_bias)[cross]
         c_read[cross] = gather_columns(block_table, idx, src_col)[cross]
-        c_off[cross] = src_off[cross]
+        c_off[cross] = src_bias[cross]
     t_read[fresh] = -1
     c_read[fresh] = -1
     c_off[fresh] = 0
@@ -140,4 +155,4 @@ def resolve_slots(
     j = np.arange(1 + s)[None, :]
     n_writes = np.where(spec, q, 1)[:, None]
     t_write = np.where(j < n_writes, win, -1)
-    return KernelSlots(t_read, c_read, c_off, t_write, win[:, 0].copy())
+    return KernelBlocks(t_read, c_read, c_off, t_write, win[:, 0].copy())
