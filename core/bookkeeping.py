@@ -1,4 +1,4 @@
-"""Per-step bookkeeping of align mode (SPEC.md §1-2), vectorized over requests.
+"""Per-step bookkeeping of align mode (docs/semantics.md §1-2), vectorized over requests.
 
 Per request slot ``r`` three integers live on the device: ``state_idx[r]`` (the running
 column), ``acc[r]`` (tokens accepted by the last step, >= 1) and ``num_computed[r]``.
@@ -47,7 +47,7 @@ class PreprocessPlan:
 
 @dataclass(frozen=True)
 class PostprocessPlan:
-    """Per batch row: boundary snapshot decision after acceptance (SPEC.md §2 steps 6-7).
+    """Per batch row: boundary snapshot decision after acceptance (docs/semantics.md §2 steps 6-7).
 
     ``copy[b]``: whether ``copy_block(src=state_idx, dst=dest, bias)`` runs;
     ``dest[b]``/``bias[b]``: its column and bias (-1/0 when no boundary was reached);
@@ -59,7 +59,7 @@ class PostprocessPlan:
     dest: np.ndarray
     bias: np.ndarray
     cache_col: np.ndarray
-    state_idx: np.ndarray
+    run_col: np.ndarray
 
 
 def init_slots(num_slots: int) -> SlotState:
@@ -119,7 +119,7 @@ def add_requests(state: SlotState, slots, num_computed, block_size: int) -> Slot
 
 
 def preprocess(state: SlotState, idx_mapping, query_len, block_size: int):
-    """SPEC.md §2 step 1 for every batch row. Returns ``(new_state, PreprocessPlan)``.
+    """docs/semantics.md §2 step 1 for every batch row. Returns ``(new_state, PreprocessPlan)``.
 
     ``idx_mapping``: int ``[rows]`` (-1 = skip); ``query_len``: int ``[rows]``, tokens
     scheduled this step (drafts included, >= 1 for mapped rows).
@@ -148,7 +148,7 @@ def preprocess(state: SlotState, idx_mapping, query_len, block_size: int):
 
 
 def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> SlotState:
-    """SPEC.md §2 step 5. Spec rows: ``acc = max(num_sampled, 1)``, ``num_computed +=
+    """docs/semantics.md §2 step 5. Spec rows: ``acc = max(num_sampled, 1)``, ``num_computed +=
     num_sampled``; non-spec rows: ``acc = 1``, ``num_computed += query_len``.
 
     ``num_sampled``: int ``[rows]`` with ``0 <= num_sampled <= query_len`` on spec rows;
@@ -173,7 +173,7 @@ def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> Sl
 
 
 def postprocess(state: SlotState, idx_mapping, block_size: int):
-    """SPEC.md §2 steps 6-7 for every batch row. Returns ``(new_state, PostprocessPlan)``.
+    """docs/semantics.md §2 steps 6-7 for every batch row. Returns ``(new_state, PostprocessPlan)``.
 
     With ``running = num_computed - acc + 1`` and ``aligned = (num_computed // B) * B``:
     when ``aligned >= running`` (and ``aligned >= B``), ``bias = aligned - running`` and

@@ -1,4 +1,4 @@
-"""Reference of the state-block copies on NumPy pools (SPEC.md §2 ``copy_block``).
+"""Reference of the state-block copies on NumPy pools (docs/semantics.md §2 ``copy_block``).
 
 A copy is resolved per batch row into physical blocks by :func:`copy_plan`, then applied
 to each pool by :func:`apply_copy`:
@@ -64,7 +64,7 @@ def copy_plan(block_table, idx_mapping, src_col, dst_col, bias) -> CopyPlan:
 
 
 def precopy_plan(block_table, idx_mapping, plan: PreprocessPlan) -> CopyPlan:
-    """The pre-copy of SPEC.md §2 step 2: crossing rows copy ``src_col -> run_col`` with
+    """The pre-copy of docs/semantics.md §2 step 2: crossing rows copy ``src_col -> run_col`` with
     bias ``src_bias``."""
     if not isinstance(plan, PreprocessPlan):
         raise TypeError(f"plan must be a PreprocessPlan, got {type(plan).__name__}")
@@ -75,7 +75,7 @@ def precopy_plan(block_table, idx_mapping, plan: PreprocessPlan) -> CopyPlan:
 
 
 def postprocess_copy_plan(block_table, idx_mapping, plan: PostprocessPlan) -> CopyPlan:
-    """The post-process copy of SPEC.md §2 step 6: ``run_col -> dest`` with ``bias``."""
+    """The post-process copy of docs/semantics.md §2 step 6: ``run_col -> dest`` with ``bias``."""
     if not isinstance(plan, PostprocessPlan):
         raise TypeError(f"plan must be a PostprocessPlan, got {type(plan).__name__}")
     rows = index_array("idx_mapping", idx_mapping, low=-1).shape[0]

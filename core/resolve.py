@@ -1,4 +1,5 @@
-"""Physical read / write slots for the recurrent kernels (SPEC.md §4).
+"""The physical blocks the recurrent kernels read and write (docs/semantics.md §4), and the
+modes.
 
 Given the block table and the bookkeeping after preprocess, every batch row gets:
 
@@ -46,7 +47,9 @@ def check_mode(mode: Union[Mode, str]) -> Mode:
 
 @dataclass(frozen=True)
 class KernelBlocks:
-    """Resolved slots; int64, ``[rows]`` except ``temporal_write`` ``[rows, 1 + S]``."""
+    """The blocks a step's kernels read and write, per row; int64, ``[rows]`` except
+    ``temporal_write`` ``[rows, 1 + S]``. ``conv_read_bias``: the conv history starts at
+    that row of ``conv_read``."""
 
     temporal_read: np.ndarray
     conv_read: np.ndarray
@@ -107,7 +110,8 @@ def resolve_blocks(
     num_spec: int,
     mode: Union[Mode, str] = Mode.PRE_COPY,
 ) -> KernelBlocks:
-    """Resolve per-row kernel slots after preprocess (and after the pre-copy in pre-copy mode).
+    """Resolve the kernels' blocks per row after preprocess (and after the pre-copy in
+    pre-copy mode).
 
     ``state`` is the bookkeeping returned by :func:`preprocess` (its ``acc`` already reset
     for crossing rows), ``plan`` the plan it returned. ``query_len`` int ``[rows]``;

@@ -3,8 +3,8 @@
 Deterministic and framework-free: it admits requests, cuts prefill chunks at block
 boundaries under a token budget (a prompt's tail shorter than a block runs as its own
 last chunk, so the largest block-aligned prefix of every prompt gets a boundary
-snapshot), schedules decode steps with up to ``S`` draft tokens, allocates and rotates state blocks as SPEC.md §1 "Block lifetime" requires, records
-boundary snapshots in a prefix cache (SPEC.md §2 step 7), preempts when blocks run out
+snapshot), schedules decode steps with up to ``S`` draft tokens, allocates and rotates state blocks as docs/semantics.md §1 "Block lifetime" requires, records
+boundary snapshots in a prefix cache (docs/semantics.md §2 step 7), preempts when blocks run out
 and resumes from the cache. Each :meth:`Scheduler.schedule` emits a :class:`StepBatch`
 that a runner (NumPy, torch or JAX) feeds to the bookkeeping and the kernels; after the
 forward pass :meth:`Scheduler.update` takes the sampler's ``num_sampled``.

@@ -43,7 +43,7 @@ class RowRecord:
 class StepRecord:
     batch: StepBatch
     num_sampled: np.ndarray
-    slots: KernelBlocks
+    blocks: KernelBlocks
     precopy: Optional[CopyPlan]
     postcopy: CopyPlan
     rows: Tuple[RowRecord, ...]
@@ -127,10 +127,10 @@ class SymbolicRunner:
         if self.mode == "pre-copy":
             pre_plan = precopy_plan(bt, idx, pre)
             self._copy(pre_plan)
-        slots = resolve_blocks(bt, idx, state, pre, q, spec, s, self.mode)
+        blocks = resolve_blocks(bt, idx, state, pre, q, spec, s, self.mode)
         prefix = [self.prefix_label(int(r), int(n)) if r >= 0 else 0
                   for r, n in zip(batch.req_ids, nc_before)]
-        reads = symbolic_forward(self.pools, self.sym, slots, batch.tokens, prefix, spec,
+        reads = symbolic_forward(self.pools, self.sym, blocks, batch.tokens, prefix, spec,
                                  self.labels)
 
         ns = sched.sample(batch)
@@ -144,7 +144,7 @@ class SymbolicRunner:
         rows = []
         for b in np.flatnonzero(live):
             rid, n = int(batch.req_ids[b]), int(nc_before[b])
-            writes = [int(x) for x in slots.temporal_write[b] if x >= 0] + [int(slots.conv_write[b])]
+            writes = [int(x) for x in blocks.temporal_write[b] if x >= 0] + [int(blocks.conv_write[b])]
             for plan in (pre_plan, post_plan):
                 if plan is not None and plan.active[b]:
                     writes.append(int(plan.dst[b]))
@@ -153,7 +153,7 @@ class SymbolicRunner:
             (c, self.block_state(c.block), self.expected_state(c.req_id, c.num_tokens))
             for c in result.cached
         )
-        return StepRecord(batch, ns, slots, pre_plan, post_plan, tuple(rows), cached,
+        return StepRecord(batch, ns, blocks, pre_plan, post_plan, tuple(rows), cached,
                           cached_at_forward, result.finished)
 
     def _copy(self, plan: CopyPlan) -> None:

@@ -2,9 +2,9 @@
 
 Instead of numbers, every state holds an integer label naming the exact token prefix it
 summarises (label 0 = the empty prefix, i.e. the zero state). The symbolic forward pass
-follows SPEC.md §4 to the row: it reads the initial temporal state and the conv history
-from the resolved read slots, extends the labels token by token, and writes candidates and
-the new conv window to the write slots. Copies run through the real reference
+follows docs/semantics.md §4 to the row: it reads the initial temporal state and the conv history
+from the resolved read blocks, extends the labels token by token, and writes candidates and
+the new conv window to the write blocks. Copies run through the real reference
 (:mod:`.copy_ref`) on these label pools. A wrong read slot, a lost snapshot or a bad copy
 therefore shows up as a wrong label, which :mod:`.simulate` compares against the labels of
 the true token prefixes.
@@ -81,13 +81,13 @@ class RowReads:
 def symbolic_forward(
     pools: Mapping[str, np.ndarray],
     config: CacheConfig,
-    slots: KernelBlocks,
+    blocks: KernelBlocks,
     tokens: Sequence[Sequence[int]],
     prefix_labels: Sequence[int],
     is_spec: np.ndarray,
     labels: Labels,
 ) -> List[RowReads]:
-    """Run SPEC.md §4 on label pools for every row.
+    """Run docs/semantics.md §4 on label pools for every row.
 
     ``tokens[b]`` are row ``b``'s input tokens (``T`` of them); ``prefix_labels[b]`` labels
     the true prefix before them. The conv inputs ``x`` are labelled from that prefix and the
@@ -97,8 +97,8 @@ def symbolic_forward(
     """
     reads: List[RowReads] = []
     for b, toks in enumerate(tokens):
-        t_read, c_read, c_off = (int(slots.temporal_read[b]), int(slots.conv_read[b]),
-                                 int(slots.conv_read_bias[b]))
+        t_read, c_read, c_off = (int(blocks.temporal_read[b]), int(blocks.conv_read[b]),
+                                 int(blocks.conv_read_bias[b]))
         r = RowReads({}, {})
         reads.append(r)
         if not toks:
@@ -123,11 +123,11 @@ def symbolic_forward(
                 states = labels.chain(toks, start=r.temporal[name])  # after each token
                 outs = states if is_spec[b] else states[-1:]
                 for j, lab in enumerate(outs):
-                    dst = int(slots.temporal_write[b, j])
+                    dst = int(blocks.temporal_write[b, j])
                     if dst >= 0:
                         pool[0, dst, 0] = lab
             else:
-                dst = int(slots.conv_write[b])
+                dst = int(blocks.conv_write[b])
                 if dst < 0:
                     continue
                 k = spec.kernel_size

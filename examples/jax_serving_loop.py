@@ -1,5 +1,5 @@
 """The serving loop of ``torch_serving_loop.py`` in JAX: the reference scheduler drives the
-pure JAX step functions, a toy recurrent layer reads and writes the resolved slots, and a
+pure JAX step functions, a toy recurrent layer reads and writes the resolved blocks, and a
 request resumed from the prefix cache reproduces the original outputs bit for bit.
 
 Runs on the CPU (Triton's interpreter via ``jax.pure_callback``) or a GPU (jax-triton):
@@ -24,16 +24,16 @@ EMB = jax.random.normal(k1, (64, D))  # token id -> input vector
 W = jax.random.normal(k2, (K, D))  # depthwise conv weights
 
 
-def toy_layer(pools, slots, batch):
-    """Per row: read the initial state, run the tokens, write the candidates (SPEC.md §4)."""
+def toy_layer(pools, blocks, batch):
+    """Per row: read the initial state, run the tokens, write the candidates (docs/semantics.md §4)."""
     conv, ssm = pools["conv"], pools["ssm"]
     outs = []
     for b, tokens in enumerate(batch.tokens):
         if batch.idx_mapping[b] < 0:
             outs.append([])
             continue
-        t_read, c_read = int(slots.temporal_read[b]), int(slots.conv_read[b])
-        off = int(slots.conv_read_bias[b])
+        t_read, c_read = int(blocks.temporal_read[b]), int(blocks.conv_read[b])
+        off = int(blocks.conv_read_bias[b])
         h = ssm[0, t_read] if t_read >= 0 else jnp.zeros(D)
         hist = conv[0, c_read, off:off + K - 1] if c_read >= 0 else jnp.zeros((K - 1, D))
         full = jnp.concatenate([hist, EMB[np.array(tokens)]])
@@ -44,11 +44,11 @@ def toy_layer(pools, slots, batch):
             y.append(float(h.sum()))
         spec, n = bool(batch.is_spec[b]), len(tokens)
         for j, st in enumerate(states if spec else states[-1:]):
-            if int(slots.temporal_write[b, j]) >= 0:
-                ssm = ssm.at[0, int(slots.temporal_write[b, j])].set(st)
+            if int(blocks.temporal_write[b, j]) >= 0:
+                ssm = ssm.at[0, int(blocks.temporal_write[b, j])].set(st)
         c = n if spec else 1
         new = full[n - c + 1 : n - c + 1 + K - 2 + c]
-        conv = conv.at[0, int(slots.conv_write[b]), : len(new)].set(new)
+        conv = conv.at[0, int(blocks.conv_write[b]), : len(new)].set(new)
         outs.append(y)
     return {"conv": conv, "ssm": ssm}, outs
 
@@ -60,14 +60,15 @@ def main() -> None:
 
     def step(batch, sample):  # pure step functions: the new state and pools are carried
         state = mj.add_requests(carry["state"], i32(batch.added_slots),
-                                i32(batch.added_num_computed), CFG)
+                                i32(batch.added_num_computed), config=CFG)
         idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
         spec = jnp.asarray(batch.is_spec)
-        state, pools, slots = mj.preprocess(state, carry["pools"], idx, q, spec, bt, CFG,
-                                            "pre-copy")
-        pools, ys = toy_layer(pools, slots, batch)  # the model's forward pass
+        state, pools, blocks = mj.preprocess(state, carry["pools"], idx, q, spec, bt,
+                                             config=CFG, mode="pre-copy")
+        pools, ys = toy_layer(pools, blocks, batch)  # the model's forward pass
         num_sampled = sample()
-        state, pools, _ = mj.postprocess(state, pools, idx, q, spec, i32(num_sampled), bt, CFG)
+        state, pools, _ = mj.postprocess(state, pools, idx, q, spec, i32(num_sampled), bt,
+                                         config=CFG)
         carry.update(state=state, pools=pools)
         return ys, num_sampled
 

@@ -20,8 +20,8 @@ EMB = torch.randn(64, D, generator=gen).to(dev)  # token id -> input vector
 W = torch.randn(K, D, generator=gen).to(dev)  # depthwise conv weights
 
 
-def toy_layer(pools, slots, batch):
-    """SPEC.md §4 for one row at a time: read the initial state from the read slots, run the
+def toy_layer(pools, blocks, batch):
+    """docs/semantics.md §4 for one row at a time: read the initial state from the read blocks, run the
     tokens, write a candidate after every token (spec rows) or the final state."""
     conv, ssm = pools["conv"][0], pools["ssm"][0]
     outs = []
@@ -29,8 +29,8 @@ def toy_layer(pools, slots, batch):
         if batch.idx_mapping[b] < 0:
             outs.append([])
             continue
-        t_read, c_read = int(slots.temporal_read[b]), int(slots.conv_read[b])
-        off = int(slots.conv_read_bias[b])
+        t_read, c_read = int(blocks.temporal_read[b]), int(blocks.conv_read[b])
+        off = int(blocks.conv_read_bias[b])
         h = ssm[t_read].clone() if t_read >= 0 else torch.zeros(D, device=dev)
         hist = conv[c_read, off:off + K - 1].clone() if c_read >= 0 else torch.zeros(K - 1, D, device=dev)
         full = torch.cat([hist, EMB[list(tokens)]])
@@ -41,11 +41,11 @@ def toy_layer(pools, slots, batch):
             y.append(float(h.sum()))
         spec, n = bool(batch.is_spec[b]), len(tokens)
         for j, st in enumerate(states if spec else states[-1:]):
-            if int(slots.temporal_write[b, j]) >= 0:
-                ssm[int(slots.temporal_write[b, j])] = st
+            if int(blocks.temporal_write[b, j]) >= 0:
+                ssm[int(blocks.temporal_write[b, j])] = st
         c = n if spec else 1  # candidates kept in the new conv window
         new = full[n - c + 1 : n - c + 1 + K - 2 + c]
-        conv[int(slots.conv_write[b]), : len(new)] = new
+        conv[int(blocks.conv_write[b]), : len(new)] = new
         outs.append(y)
     return outs
 
@@ -59,8 +59,8 @@ def main() -> None:
         runner.add_requests(i32(batch.added_slots), i32(batch.added_num_computed))
         idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
         spec = torch.as_tensor(batch.is_spec, device=dev)
-        slots = runner.preprocess(pools, idx, q, spec, bt)
-        ys = toy_layer(pools, slots, batch)  # the model's forward pass
+        blocks = runner.preprocess(pools, idx, q, spec, bt)
+        ys = toy_layer(pools, blocks, batch)  # the model's forward pass
         num_sampled = sample()
         runner.postprocess(pools, idx, q, spec, i32(num_sampled), bt)
         return ys, num_sampled

@@ -1,4 +1,4 @@
-"""Per-step bookkeeping kernels (SPEC.md §1-2), one program per tile of batch rows.
+"""Per-step bookkeeping kernels (docs/semantics.md §1-2), one program per tile of batch rows.
 
 Every batch row maps to a distinct request slot (or -1 = skip; a slot id outside the
 arrays is skipped too, so a bad slot id never writes out of bounds), so the program that
@@ -163,7 +163,7 @@ def postprocess_kernel(
     aligned = (nc // block_size) * block_size
     bias = aligned - running
     dest = aligned // block_size - 1
-    # a boundary lands in the running block or the kept one before it (SPEC.md §2 step 6);
+    # a boundary lands in the running block or the kept one before it (docs/semantics.md §2 step 6);
     # anything else means inconsistent bookkeeping, which must not copy or cache
     hit = live & (col >= 0) & (aligned >= running) & (aligned >= block_size)
     hit = hit & ((dest == col) | (dest == col - 1))

@@ -219,6 +219,8 @@ def check_pool(name: str, spec: ArraySpec, block_shape: Sequence[int]) -> ArrayS
             dtype_bits(spec.dtype) not in (8, 16, 32, 64):
         raise TypeError(f"{name} has unsupported dtype {spec.dtype} (a float or int dtype of "
                         "1, 2, 4 or 8 bytes)")
+    if spec.numel == 0:
+        return spec  # nothing to address (and torch gives empty tensors any strides)
     numel = 1
     for size, stride in zip(reversed(block_shape), reversed(spec.strides[2:])):
         if size > 1 and stride != numel:

@@ -46,3 +46,19 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(params=["reference", "torch", "jax"])
+def backend(request):
+    """Each operation checked three ways: the core reference, torch and JAX."""
+    from support import make_backend
+
+    return make_backend(request.param)
+
+
+@pytest.fixture(params=["torch", "jax"])
+def device_backend(request):
+    """The kernels only (torch and JAX): behaviour the core rejects instead of running."""
+    from support import make_backend
+
+    return make_backend(request.param)

@@ -1,33 +1,21 @@
-"""Bookkeeping (SPEC.md §1-2): unit cases, the worked example of §2 number by number, and
-the vectorized functions against a plain per-row transcription of the SPEC text."""
+"""Bookkeeping (docs/semantics.md §1-2), checked three ways (core, torch, JAX): unit cases,
+the worked example of §2 number by number, and random batches against a plain per-row
+transcription of the rules written independently of the core. Then what only the kernels
+do: inconsistent input never names a block the row does not own."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import as_state, slots
 
-from mamba_align.core import (
-    SlotState,
-    accept,
-    add_requests,
-    copy_plan,
-    init_slots,
-    postprocess,
-    postprocess_copy_plan,
-    precopy_plan,
-    preprocess,
-)
-
-
-def slots(state_idx, acc, nc):
-    return SlotState(np.array(state_idx), np.array(acc), np.array(nc))
-
+from mamba_align.core import accept, copy_plan, init_slots, postprocess, preprocess
 
 def cdiv(a, b):
     return -(-a // b)
 
 
-# -- a per-row transcription of SPEC.md §2, written independently of core -------------
+# -- a per-row transcription of docs/semantics.md §2, written independently of core -------------
 def spec_preprocess(st_idx, acc, nc, idx_mapping, query_len, B):
     st_idx, acc = list(st_idx), list(acc)
     rows = []
@@ -65,50 +53,65 @@ def spec_postprocess(st_idx, acc, nc, idx_mapping, B):
 
 
 # -- unit cases -------------------------------------------------------------------------
-def test_init_and_add_requests_seed_columns():
+def test_init_and_add_requests_seed_columns(backend):
     s = init_slots(5)
     assert s.state_idx.tolist() == [-1] * 5 and s.acc.tolist() == [1] * 5
-    s2 = add_requests(s, [0, 2, 4, 3], [0, 8, 9, 7], block_size=4)
+    s2 = backend.add_requests(s, [0, 2, 4, 3], [0, 8, 9, 7], 4)
     # fresh -> -1; a hit of 2 full blocks (8 tokens) -> column 1; 9 -> 2; 7 -> 1
     assert s2.state_idx.tolist() == [-1, -1, 1, 1, 2]
     assert s2.num_computed.tolist() == [0, 0, 8, 7, 9]
     assert s.state_idx.tolist() == [-1] * 5  # input untouched
 
 
-def test_preprocess_fresh_same_column_crossing_and_skip():
-    B = 4
+def test_preprocess_fresh_same_column_crossing_and_skip(backend):
+    B, S = 4, 2
     s = slots([-1, 0, 0, 1, 5], [1, 3, 2, 1, 2], [0, 1, 2, 7, 0])
     idx = np.array([0, -1, 1, 2, 3])
     q = np.array([3, 0, 1, 3, 2])
-    new, plan = preprocess(s, idx, q, B)
+    bt = np.arange(5 * 7).reshape(5, 7)
+    new, out = backend.preprocess_resolve(s, idx, q, np.ones(5, bool), bt, B, S)
     # row0 fresh: 3 tokens -> column 0, no crossing
     # row2 slot1: 1+1=2 tokens, column 0 -> stays, acc kept 3
     # row3 slot2: 2+3=5 tokens -> column 1, crossing from 0 with bias acc-1=1, acc reset
     # row4 slot3: 7+2=9 -> column 2, crossing from 1 with bias 0
-    assert plan.src_col.tolist() == [-1, -1, 0, 0, 1]
-    assert plan.src_bias.tolist() == [0, 0, 2, 1, 0]
-    assert plan.run_col.tolist() == [0, -1, 0, 1, 2]
-    assert plan.crossing.tolist() == [False, False, False, True, True]
+    assert out["src_col"].tolist() == [-1, -1, 0, 0, 1]
+    assert out["src_bias"].tolist() == [0, 0, 2, 1, 0]
+    assert out["run_col"].tolist() == [0, -1, 0, 1, 2]
+    # the pre-copy of the crossing rows: temporal bt[src_col + bias], conv bt[src_col]
+    assert out["copy_tsrc"].tolist() == [-1, -1, -1, bt[2, 1], bt[3, 1]]
+    assert out["copy_csrc"].tolist() == [-1, -1, -1, bt[2, 0], bt[3, 1]]
+    assert out["copy_dst"].tolist() == [-1, -1, -1, bt[2, 1], bt[3, 2]]
+    assert out["copy_bias"].tolist() == [0, 0, 0, 1, 0]
     assert new.state_idx.tolist() == [0, 0, 1, 2, 5]
     assert new.acc.tolist() == [1, 3, 1, 1, 2]  # slot 4 is not in the batch: untouched
     assert new.num_computed.tolist() == s.num_computed.tolist()  # preprocess never advances
 
 
-def test_preprocess_never_moves_back():
+def test_preprocess_never_moves_back(backend):
     # Last step scheduled 4 tokens from 6 (-> column 2 with B=4); this one schedules 1.
     s = slots([2], [1], [7])
-    new, plan = preprocess(s, [0], [1], 4)
-    assert plan.run_col.tolist() == [2] and not plan.crossing[0]
+    _, out = backend.preprocess_resolve(s, [0], [1], [True], np.arange(6)[None], 4, 1)
+    assert out["run_col"].tolist() == [2] and out["copy_dst"].tolist() == [-1]
 
 
 def test_accept_spec_and_non_spec_rows():
+    # the core's accept alone; the kernels fuse it into postprocess (tested below)
     s = slots([0, 0, 0], [1, 1, 1], [4, 10, 3])
     idx, q = np.array([0, 1, 2]), np.array([4, 6, 1])
-    ns = np.array([3, 0, 0])
-    spec = np.array([True, False, True])
-    new = accept(s, idx, q, ns, spec)
+    new = accept(s, idx, q, np.array([3, 0, 0]), np.array([True, False, True]))
     assert new.acc.tolist() == [3, 1, 1]  # spec row with 0 sampled keeps acc >= 1
     assert new.num_computed.tolist() == [7, 16, 3]
+
+
+def test_postprocess_accepts_spec_and_non_spec_rows(backend):
+    s = slots([1, 3, 0], [1, 1, 1], [4, 10, 3])
+    bt = np.arange(3 * 5).reshape(3, 5)
+    new, out = backend.postprocess(s, [0, 1, 2], [4, 6, 1], [True, False, True], [3, 0, 1], bt, 4)
+    # spec rows take num_sampled, the non-spec row its whole query (its num_sampled unused)
+    assert new.acc.tolist() == [3, 1, 1] and new.num_computed.tolist() == [7, 16, 4]
+    # slot 1's chunk and slot 2's token end on a boundary in their own column: cached as
+    # they are, no copy; slot 0 (running 5, boundary 4) reached none
+    assert out["cache_col"].tolist() == [-1, 3, 0] and out["copy_dst"].tolist() == [-1] * 3
 
 
 @pytest.mark.parametrize(
@@ -124,62 +127,65 @@ def test_accept_spec_and_non_spec_rows():
         (2, 2, 8, (1, 1, True, 2)),
     ],
 )
-def test_postprocess_cases(st_idx, acc, nc, expect):
-    s = slots([st_idx], [acc], [nc])
-    new, plan = postprocess(s, [0], 4)
+def test_postprocess_cases(backend, st_idx, acc, nc, expect):
+    # a spec row that sampled `acc` tokens, so that after accept (acc, num_computed) are
+    # the case's
+    bt = np.array([[10, 11, 12, 13, 14]])
+    s = slots([st_idx], [1], [nc - acc])
+    new, out = backend.postprocess(s, [0], [acc], [True], [acc], bt, 4)
+    assert new.num_computed[0] == nc
     if expect is None:
-        assert plan.cache_col[0] == -1 and not plan.copy[0] and new.acc[0] == acc
+        assert out["cache_col"][0] == -1 and out["copy_dst"][0] == -1 and new.acc[0] == acc
     else:
         dest, bias, copy, acc_after = expect
-        assert (plan.dest[0], plan.bias[0], bool(plan.copy[0])) == (dest, bias, copy)
-        assert plan.cache_col[0] == dest and new.acc[0] == acc_after
+        assert out["cache_col"][0] == dest and new.acc[0] == acc_after
+        if copy:
+            assert (out["copy_dst"][0], out["copy_bias"][0]) == (bt[0, dest], bias)
+            assert out["copy_tsrc"][0] == bt[0, st_idx + bias]
+            assert out["copy_csrc"][0] == bt[0, st_idx]
+        else:
+            assert out["copy_dst"][0] == -1 and out["copy_tsrc"][0] == -1
 
 
-def test_postprocess_rejects_inconsistent_state():
+def test_the_reference_rejects_inconsistent_state():
     with pytest.raises(ValueError, match="inconsistent bookkeeping"):
         postprocess(slots([3], [1], [8]), [0], 4)  # boundary column 1, state_idx 3
 
 
-# -- SPEC.md §2 worked example: B = 560, S = 3, two accepted per step -------------------
-def test_worked_example_number_by_number():
-    B = 560  # S = 3: every step schedules 1 + 3 tokens
+# -- docs/semantics.md §2 worked example: B = 560, S = 3, two accepted per step ---------
+def test_worked_example_number_by_number(backend):
+    B, S = 560, 3  # every step schedules 1 + 3 tokens
     bt = np.array([[7, 3, 5, 9, 11]])  # physical blocks of columns 0..4
-    s = slots([-1], [1], [0])
     # A step at 556 computed with 4 scheduled: state_idx = 0.
-    s = add_requests(s, [0], [556], B)
+    s = backend.add_requests(slots([-1], [1], [0]), [0], [556], B)
     assert s.state_idx[0] == 0  # (556 - 1) // 560
-    s, p = preprocess(s, [0], [4], B)
-    assert (p.src_col[0], p.state_idx[0], bool(p.crossing[0])) == (0, 0, False)
-    s = accept(s, [0], [4], [2], True)
+    s, p = backend.preprocess_resolve(s, [0], [4], [True], bt, B, S)
+    assert (p["src_col"][0], p["run_col"][0], p["copy_dst"][0]) == (0, 0, -1)
+    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B)
     assert (s.num_computed[0], s.acc[0]) == (558, 2)
-    s, post = postprocess(s, [0], B)  # running 557, aligned 0: nothing
-    assert post.cache_col[0] == -1 and not post.copy[0]
+    assert post["cache_col"][0] == -1 and post["copy_dst"][0] == -1  # running 557: nothing
 
     # Next step at 558: state_idx = 1, bias 1, acc = 1.
-    s, p = preprocess(s, [0], [4], B)
-    assert (p.src_col[0], p.src_bias[0], p.state_idx[0], bool(p.crossing[0])) == (0, 1, 1, True)
+    s, p = backend.preprocess_resolve(s, [0], [4], [True], bt, B, S)
+    assert (p["src_col"][0], p["src_bias"][0], p["run_col"][0]) == (0, 1, 1)
     assert (s.state_idx[0], s.acc[0]) == (1, 1)
-    pre = precopy_plan(bt, [0], p)
     # temporal bt[0 + 1] -> bt[1]: a self-copy (block 3 rotated into column 1);
     # conv shifted by 1 from bt[0] into bt[1].
-    assert (pre.tsrc[0], pre.csrc[0], pre.dst[0], pre.bias[0]) == (3, 7, 3, 1)
+    assert [p[n][0] for n in ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")] == [3, 7, 3, 1]
 
     # Accept 2 -> 560: running 559, aligned 560, bias 1, dest 0.
-    s = accept(s, [0], [4], [2], True)
-    assert (s.num_computed[0], s.acc[0]) == (560, 2)
-    s, post = postprocess(s, [0], B)
-    assert (post.dest[0], post.bias[0], bool(post.copy[0]), post.cache_col[0]) == (0, 1, True, 0)
-    assert s.acc[0] == 2  # dest != state_idx: the state stays in window column 1
-    cp = postprocess_copy_plan(bt, [0], post)
+    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B)
+    assert (s.num_computed[0], s.acc[0]) == (560, 2)  # dest != state_idx: acc kept
+    assert post["cache_col"][0] == 0
     # temporal window column 1 (bt[2] = 5) -> bt[0]; conv bt[1] shifted by 1 -> bt[0]
-    assert (cp.tsrc[0], cp.csrc[0], cp.dst[0], cp.bias[0]) == (5, 3, 7, 1)
-    # copy_plan directly with the same columns gives the same plan
+    got = [post[n][0] for n in ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")]
+    assert got == [5, 3, 7, 1]
+    # the core's copy_plan with the same columns gives the same plan
     direct = copy_plan(bt, [0], [1], [0], [1])
-    assert all(np.array_equal(getattr(cp, f), getattr(direct, f))
-               for f in ("tsrc", "csrc", "dst", "shift"))
+    assert [int(getattr(direct, f)[0]) for f in ("tsrc", "csrc", "dst", "bias")] == got
 
 
-# -- vectorized == per-row transcription on random inputs -----------------------------
+# -- random batches == the per-row transcription --------------------------------------------
 @st.composite
 def batches(draw):
     B = draw(st.integers(1, 9))
@@ -196,35 +202,94 @@ def batches(draw):
     return B, S, st_idx, acc, nc, list(idx), q
 
 
-@settings(max_examples=300)
-@given(batches())
-def test_preprocess_matches_spec_transcription(args):
-    B, S, st_idx, acc, nc, idx, q = args
-    s = slots(st_idx, acc, nc)
-    idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
-    new, plan = preprocess(s, idx, q, B)
-    want_idx, want_acc, rows = spec_preprocess(st_idx, acc, nc, idx.tolist(), q.tolist(), B)
-    assert new.state_idx.tolist() == want_idx and new.acc.tolist() == want_acc
-    assert list(zip(plan.src_col.tolist(), plan.src_bias.tolist(), plan.run_col.tolist())) == rows
+def table(n, cols=20):  # room for any window of batches()
+    return np.arange(1, 1 + n * cols).reshape(n, cols)  # every block distinct, none null
 
 
-@settings(max_examples=300)
-@given(batches(), st.data())
-def test_postprocess_matches_spec_transcription(args, data):
-    B, S, st_idx, acc, nc, idx, q = args
-    # Build a consistent state: preprocess, then accept some tokens on spec rows.
-    ns = np.array([data.draw(st.integers(0, qq)) for qq in q], dtype=np.int64)
-    idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
-    s, _ = preprocess(slots(st_idx, acc, nc), idx, q, B)
-    s = accept(s, idx, q, ns, True)
-    want_acc, rows = spec_postprocess(
-        s.state_idx.tolist(), s.acc.tolist(), s.num_computed.tolist(), idx.tolist(), B
-    )
-    new, plan = postprocess(s, idx, B)
-    assert new.acc.tolist() == want_acc
-    for b, row in enumerate(rows):
-        if row is None:
-            assert plan.cache_col[b] == -1 and not plan.copy[b]
-        else:
-            assert (plan.dest[b], plan.bias[b], bool(plan.copy[b])) == row
-            assert plan.cache_col[b] == row[0]
+def test_preprocess_matches_the_transcription(backend):
+    @settings(max_examples=backend.examples(300))
+    @given(batches())
+    def run(args):
+        B, S, st_idx, acc, nc, idx, q = args
+        idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
+        new, out = backend.preprocess_resolve(slots(st_idx, acc, nc), idx, q,
+                                              np.ones(len(idx), bool), table(len(st_idx)), B, S)
+        want_idx, want_acc, rows = spec_preprocess(st_idx, acc, nc, idx.tolist(), q.tolist(), B)
+        assert new.state_idx.tolist() == want_idx and new.acc.tolist() == want_acc
+        got = list(zip(out["src_col"].tolist(), out["src_bias"].tolist(),
+                       out["run_col"].tolist()))
+        assert got == rows
+
+    run()
+
+
+def test_postprocess_matches_the_transcription(backend):
+    @settings(max_examples=backend.examples(300))
+    @given(batches(), st.data())
+    def run(args, data):
+        B, S, st_idx, acc, nc, idx, q = args
+        # a consistent state: preprocess, then accept some tokens on spec rows
+        ns = np.array([data.draw(st.integers(1, qq)) if qq else 0 for qq in q], dtype=np.int64)
+        idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
+        s, _ = preprocess(slots(st_idx, acc, nc), idx, q, B)
+        mid = accept(s, idx, q, ns, True)
+        want_acc, rows = spec_postprocess(mid.state_idx.tolist(), mid.acc.tolist(),
+                                          mid.num_computed.tolist(), idx.tolist(), B)
+        bt = table(len(st_idx))
+        new, out = backend.postprocess(s, idx, q, np.ones(len(idx), bool), ns, bt, B)
+        assert new.acc.tolist() == want_acc
+        assert new.num_computed.tolist() == mid.num_computed.tolist()
+        for b, row in enumerate(rows):
+            if row is None:
+                assert out["cache_col"][b] == -1 and out["copy_dst"][b] == -1
+            else:
+                dest, bias, copy = row
+                assert out["cache_col"][b] == dest
+                assert out["copy_dst"][b] == (bt[idx[b], dest] if copy else -1)
+                assert out["copy_bias"][b] == (bias if copy else 0)
+
+    run()
+
+
+# -- the kernels on inconsistent input: never a block the row does not own --------------
+BT = np.arange(10, 26).reshape(4, 4)  # slot r owns blocks 10 + 4r .. 13 + 4r
+
+
+@pytest.mark.parametrize(
+    "state_idx,acc,nc,q,ns",
+    [
+        (-1, 1, 0, 4, 4),  # post-process without preprocess: no running column
+        (2, 1, 3, 9, 2),  # boundary far behind the window (query_len > 1 + S)
+        (0, 1, 2, 2, 50),  # num_sampled > query_len: clamped, never trusted
+    ],
+)
+def test_inconsistent_postprocess_copies_and_caches_nothing_foreign(device_backend, state_idx,
+                                                                      acc, nc, q, ns):
+    s = slots([state_idx, -1, -1, -1], [acc, 1, 1, 1], [nc, 0, 0, 0])
+    _, out = device_backend.postprocess(s, [0], [q], [1], [ns], BT, 4)
+    for n in ("copy_tsrc", "copy_csrc", "copy_dst"):
+        assert out[n][0] == -1 or 10 <= out[n][0] <= 13  # only slot 0's own blocks
+    assert out["cache_col"][0] in (-1, state_idx, state_idx - 1)
+
+
+def test_a_fresh_row_with_no_tokens_writes_nowhere(device_backend):
+    # slot 1 fresh with query_len 0: no running column, so no write block at all
+    _, out = device_backend.preprocess_resolve(slots([-1] * 4, [1] * 4, [0] * 4), [1], [0],
+                                               [1], BT, 4, 1)
+    assert out["run_col"].tolist() == [-1]
+    assert (out["temporal_write"] == -1).all() and (out["conv_write"] == -1).all()
+
+
+def test_is_spec_is_any_nonzero_value(backend):
+    _, out = backend.preprocess_resolve(slots([0] * 4, [1] * 4, [1] * 4), [0], [2],
+                                        np.array([256]) if backend.name != "reference"
+                                        else np.array([True]), BT, 4, 1)
+    assert out["temporal_write"].tolist() == [[10, 11]]
+
+
+def test_out_of_range_slots_touch_nothing(device_backend):
+    s = device_backend.add_requests(slots([-1] * 4, [1] * 4, [0] * 4), [0, 7], [5, 9], 4)
+    assert as_state(s) == ([1, -1, -1, -1], [1, 1, 1, 1], [5, 0, 0, 0])  # slot 7 ignored
+    s2, out = device_backend.preprocess_resolve(s, [9, 0], [2, 2], [True, True], BT, 4, 1)
+    assert out["run_col"].tolist() == [-1, 1] and out["temporal_read"][0] == -1
+    assert as_state(s2)[0] == [1, -1, -1, -1]

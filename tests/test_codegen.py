@@ -35,20 +35,19 @@ def accesses(plan, sig, divisible):
                          options={"num_warps": plan.num_warps}).asm["ptx"]
     return dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
 
-ptrs = ["pool_in_ptr", "src_ptr", "dst_ptr", "shift_ptr", "pool_ptr"]
+ptrs = ["pool_in_ptr", "src_ptr", "dst_ptr", "bias_ptr", "pool_ptr"]
 out = {}
-shape = (4, 9, 32, 128, 128)
-scal = K.pool_scalars(shape, (9 * 32 * 128 * 128, 32 * 128 * 128, 128 * 128, 128, 1))
-plan = K.plan_copy_temporal(8, 4, scal["block_numel"], 4, K.pool_align(scal))
+ids = K.ArraySpec.row_major((8,), "int32")
+plan = K.plan_copy_temporal(K.ArraySpec.row_major((4, 9, 32, 128, 128), "float32"), ids, ids)
 sig = {"pool_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "num_rows": "i32",
        "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
        "num_blocks": "i32", "pool_ptr": "*i32"}
 ints = ["layer_stride", "block_stride", "block_numel"]
 out["temporal"] = [accesses(plan, sig, ptrs[:3] + ptrs[4:]),
                    accesses(plan, sig, ptrs[:3] + ptrs[4:] + ints)]
-scal = K.pool_scalars((4, 9, 3, 8192), (9 * 3 * 8192, 3 * 8192, 8192, 1), "SD")
-plan = K.plan_copy_conv(8, 4, 3, 8192, 2, "SD", K.pool_align(scal, "SD"))
-sig = {"pool_in_ptr": "*i16", "src_ptr": "*i32", "dst_ptr": "*i32", "shift_ptr": "*i32",
+plan = K.plan_copy_conv(K.ArraySpec.row_major((4, 9, 3, 8192), "bfloat16"), ids, ids, ids,
+                        layout="SD")
+sig = {"pool_in_ptr": "*i16", "src_ptr": "*i32", "dst_ptr": "*i32", "bias_ptr": "*i32",
        "num_layers": "i32", "layer_stride": "i32", "block_stride": "i32", "width": "i32",
        "dim": "i32", "num_blocks": "i32", "pool_ptr": "*i16"}
 ints = ["layer_stride", "block_stride", "dim"]

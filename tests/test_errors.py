@@ -112,7 +112,7 @@ GOOD = {
     "running_column": lambda: (running_column, dict(state_idx=np.array([0, -1]),
                                                     num_tokens=np.array([5, 1]), block_size=B)),
     "window_blocks": lambda: (window_blocks, dict(block_table=BT, idx_mapping=IDX,
-                                                  state_idx=np.array([2, -1, 0]), num_spec=S)),
+                                                  run_col=np.array([2, -1, 0]), num_spec=S)),
     "gather_columns": lambda: (gather_columns, dict(block_table=BT, idx_mapping=IDX,
                                                     cols=np.array([[0, 1], [0, 0], [3, 4]]))),
     "resolve_blocks": _resolve,
@@ -201,8 +201,8 @@ CASES = [
     ("running_column", "num_tokens", np.array([5]), V, None),
     ("running_column", "state_idx", np.array([0, -2]), V, None),
     # --- slot resolution ---------------------------------------------------------------
-    ("window_blocks", "state_idx", np.array([2, -1]), V, None),  # length != idx_mapping
-    ("window_blocks", "state_idx", np.array([4, -1, 0]), V, "block table"),  # 4 + S > 4
+    ("window_blocks", "run_col", np.array([2, -1]), V, None),  # length != idx_mapping
+    ("window_blocks", "run_col", np.array([4, -1, 0]), V, "block table"),  # 4 + S > 4
     ("window_blocks", "num_spec", -1, V, None),
     ("window_blocks", "block_table", BT.reshape(-1), V, None),  # 1-D
     ("gather_columns", "cols", np.array([[0, 5], [0, 0], [3, 4]]), V, "block table"),
@@ -237,7 +237,7 @@ CASES = [
     ("apply_temporal_copy", "plan", {"dst": [1]}, T, None),
     ("apply_conv_copy", "layout", "WD", V, None),
     ("apply_conv_copy", "pool", np.zeros((1, 16, 6)), V, None),  # 3-D
-    ("apply_conv_copy", "pool", np.zeros((1, 16, 1, 2)), V, "shift"),  # W = 1 <= shift
+    ("apply_conv_copy", "pool", np.zeros((1, 16, 1, 2)), V, "bias"),  # W = 1 <= bias
     ("apply_copy", "config", {"ssm": TemporalSpec((2,))}, T, None),
     ("apply_copy", "pools", [np.zeros((1, 16, 2))], T, None),
     ("apply_copy", "pools",

@@ -38,7 +38,7 @@ def test_temporal_pool_with_a_layer_stride_beyond_2_31(num_blocks):
         return p.at[:, 1].set(_pattern((L, E), 2))
 
     pool = make()
-    copy = jax.jit(ops.copy_temporal, donate_argnums=0)
+    copy = jax.jit(lambda p, s, d: ops.copy_temporal(p, s, d)["pool"], donate_argnums=0)
     src, dst = jnp.array([NB - 1, 1], jnp.int32), jnp.array([2, NB - 2], jnp.int32)
     pool = copy(pool, src, dst)
     check = jax.jit(lambda p: (jnp.array_equal(p[:, 2], _pattern((L, E), 1)),
@@ -61,14 +61,15 @@ def test_conv_pool_with_a_layer_stride_beyond_2_31():
         return p.at[:, NB - 3].set(_pattern((L, W, D), 4))
 
     pool = make()
-    copy = jax.jit(lambda p, s, d, sh: ops.copy_conv(p, s, d, sh, "SD"), donate_argnums=0)
-    # shift 1 from the last block into NB - 2; an in-place shift by 1 of block NB - 3, a
+    copy = jax.jit(lambda p, s, d, b: ops.copy_conv(p, s, d, b, layout="SD")["pool"],
+                   donate_argnums=0)
+    # bias 1 from the last block into NB - 2; an in-place shift by 1 of block NB - 3, a
     # memmove: rows 1 and 2 must be read before rows 0 and 1 are written
     src, dst = jnp.array([NB - 1, NB - 3], jnp.int32), jnp.array([NB - 2, NB - 3], jnp.int32)
     pool = copy(pool, src, dst, jnp.array([1, 1], jnp.int32))
     a, b = _pattern((L, W, D), 3), _pattern((L, W, D), 4)
     check = jax.jit(lambda p: (jnp.array_equal(p[:, NB - 2, :2], a[:, 1:]),
-                               jnp.all(p[:, NB - 2, 2] == 0),  # rows W - shift.. untouched
+                               jnp.all(p[:, NB - 2, 2] == 0),  # rows W - bias.. untouched
                                jnp.array_equal(p[:, NB - 3, :2], b[:, 1:]),
                                jnp.array_equal(p[:, NB - 3, 2], b[:, 2]),
                                jnp.array_equal(p[:, NB - 1], a)))

@@ -1,5 +1,5 @@
 """Reference scheduler + bookkeeping + copy reference, run on symbolic pools (every state is
-a label of the token prefix it summarises), with the invariants of SPEC.md checked after
+a label of the token prefix it summarises), with the invariants of docs/semantics.md checked after
 every step. Deterministic scenarios for what breaks naive allocators, then hypothesis-
 driven random request streams (arrivals, chunking, drafts, acceptances, prefix hits,
 preemption, padding rows), each in pre-copy and copy-free mode."""
@@ -147,7 +147,7 @@ MODES = ["pre-copy", "copy-free"]
 
 # -- deterministic scenarios -------------------------------------------------------------
 def test_spec_worked_example_exact_sequence():
-    """Same example, driven so the steps are exactly those of SPEC.md §2."""
+    """Same example, driven so the steps are exactly those of docs/semantics.md §2."""
     B, S = 560, 3
     cfg = make_config(B, S, K=4)
 
@@ -177,7 +177,7 @@ def test_spec_worked_example_exact_sequence():
             assert p.tsrc[0] == p.dst[0] == bt[1]  # spec block 1 rotated in place
             assert p.csrc[0] == bt[0] and p.bias[0] == 1
         else:
-            assert rec.slots.temporal_read[0] == bt[1] and rec.slots.conv_read_bias[0] == 1
+            assert rec.blocks.temporal_read[0] == bt[1] and rec.blocks.conv_read_bias[0] == 1
         # accepted 2 -> 560: post-process copies window column 1 into column 0
         assert req.num_computed == 560
         p = rec.postcopy
@@ -247,7 +247,7 @@ def test_prefix_hit_resumes_from_cached_snapshot(mode):
     if mode == "pre-copy":  # the first step copies (never moves) the cached snapshot, bias 0
         assert rec.precopy.tsrc[0] == hit_block and rec.precopy.bias[0] == 0
     else:
-        assert rec.slots.temporal_read[0] == hit_block
+        assert rec.blocks.temporal_read[0] == hit_block
     assert hit_block not in rec.rows[0].writes
     chk.run()
 

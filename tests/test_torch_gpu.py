@@ -1,11 +1,12 @@
 """GPU-only properties of the torch backend (run by ``make gpu`` on the device machine):
 64-bit offsets, grids beyond 65 535 programs, no host synchronisation, CUDA-graph capture
-and replay of a whole step, and torch.compile."""
+and replay of a whole step (torch.compile of a step: ``test_torch_backend.py``)."""
 
 import pytest
 import torch
 
 from mamba_align.backends.torch import StateRunner
+from mamba_align.backends.torch import ops
 from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
 
 pytestmark = [
@@ -30,7 +31,7 @@ def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
     src, dst = ids(NB - 1, NB - 3, 1), ids(NB - 2, 2, NB - 4)
     want = pool[:, src].clone()
     keep = pool[:, NB - 3].clone()
-    torch.ops.mamba_align.copy_temporal_(pool, src, dst)
+    ops.copy_temporal_(pool, src, dst)
     assert torch.equal(pool[:, dst].view(torch.int16), want.view(torch.int16))
     assert torch.equal(pool[:, NB - 3].view(torch.int16), keep.view(torch.int16))
     del pool
@@ -39,6 +40,7 @@ def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
     conv = torch.empty((1, NB, 4, 8192), dtype=torch.bfloat16, device=DEV)
     conv[:, -3:].normal_()
     before = conv[:, -3:].clone()
+    # through the dispatcher this time (the torch.compile path)
     torch.ops.mamba_align.copy_conv_(conv, ids(NB - 1, NB - 3), ids(NB - 2, NB - 3), ids(1, 2), "SD")
     assert torch.equal(conv[0, NB - 2, :3], before[0, 2, 1:])
     assert torch.equal(conv[0, NB - 2, 3], before[0, 1, 3])
@@ -52,15 +54,15 @@ def test_grid_beyond_65535_request_layer_programs():
     conv = torch.randn((L, 2 * rows + 1, 16, 5), device=DEV)  # DS, W = 5
     perm = torch.randperm(2 * rows, device=DEV) + 1
     src, dst = perm[:rows], perm[rows:]
-    shift = torch.randint(0, 4, (rows,), device=DEV)
+    bias = torch.randint(0, 4, (rows,), device=DEV)
     want_t = pool.clone()
     want_t[:, dst] = pool[:, src]
     want_c = conv.clone()
     for s in range(4):
-        m = shift == s
+        m = bias == s
         want_c[:, dst[m], :, : 5 - s] = conv[:, src[m], :, s:]
-    torch.ops.mamba_align.copy_temporal_(pool, src, dst)
-    torch.ops.mamba_align.copy_conv_(conv, src, dst, shift, "DS")
+    ops.copy_temporal_(pool, src, dst)
+    ops.copy_conv_(conv, src, dst, bias, layout="DS")
     assert torch.equal(pool, want_t) and torch.equal(conv, want_c)
 
 
@@ -158,24 +160,3 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
         for n in g_pools:
             assert torch.equal(g_pools[n].view(torch.int16 if n == "conv" else torch.int32),
                                e_pools[n].view(torch.int16 if n == "conv" else torch.int32))
-
-
-def test_torch_compile_of_a_step():
-    cfg = conv_ssm_config()
-    rows, slots, cols, nb = 16, 16, 12, 16 * 12 + 1
-    gen = torch.Generator().manual_seed(3)
-    a, b = StateRunner(cfg, slots, DEV), StateRunner(cfg, slots, DEV)
-    seeded(a, torch.Generator().manual_seed(4), slots)
-    seeded(b, torch.Generator().manual_seed(4), slots)
-    pa, pb = fresh_pools(cfg, nb), fresh_pools(cfg, nb)
-    spec = torch.ones(rows, dtype=torch.bool, device=DEV)
-    compiled = torch.compile(run_step, fullgraph=True)
-    for _ in range(2):
-        idx, ql, bt, ns = make_step_inputs(gen, rows, slots, cols, nb, 2)
-        got = compiled(a, pa, idx, ql, spec, bt, ns)
-        want = run_step(b, pb, idx, ql, spec, bt, ns)
-        for x, y in zip(got, want):
-            assert torch.equal(x, y)
-        for n in pa:
-            assert torch.equal(pa[n].float(), pb[n].float()) or torch.equal(
-                pa[n].view(torch.int16), pb[n].view(torch.int16))

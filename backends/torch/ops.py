@@ -21,11 +21,22 @@ from torch import Tensor
 from ... import kernels as K
 
 
+_NAMES = {getattr(torch, n): n for n in (
+    "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
+    "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+    if hasattr(torch, n)}
+
+
+def dtype_name(d: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (the spelling plans and configs use)."""
+    return _NAMES.get(d) or str(d).replace("torch.", "")
+
+
 def spec(name: str, t: Any) -> K.ArraySpec:
     """What a plan needs to know of tensor ``t`` (argument ``name``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return K.ArraySpec(tuple(t.shape), str(t.dtype)[6:], tuple(t.stride()))
+    return K.ArraySpec(tuple(t.shape), dtype_name(t.dtype), tuple(t.stride()))
 
 
 def dtype(name: str) -> torch.dtype:
@@ -69,23 +80,33 @@ def _schema(op: K.Op) -> str:
     for i, n in enumerate(op.arrays):
         alias = f"({chr(ord('a') + op.mutates.index(n))}!)" if n in op.mutates else ""
         arrays.append(f"Tensor{alias} {n}")
-    statics = [f"{_SCHEMA_TYPES[s.type]} {s.name}" for s in op.statics]
-    params = ", ".join(arrays + (["*"] + statics if statics else []))
-    return f"({params}) -> {'Tensor[]' if op.returns else '()'}"
+    # torch's functionalization passes arguments by schema name to helpers that take a
+    # `mode` of their own: the schema spells ours `step_mode` (the Python API says `mode`)
+    statics = [f"{_SCHEMA_TYPES[s.type]} {'step_mode' if s.name == 'mode' else s.name}"
+               for s in op.statics]
+    params = ", ".join(arrays + statics)
+    # a fixed tuple, not Tensor[]: inductor refuses list outputs of mutating custom ops
+    return f"({params}) -> ({', '.join(['Tensor'] * len(op.returns))})"
+
+
+def _names(op: K.Op):
+    return tuple(s.name for s in op.statics)
 
 
 def _register(op: K.Op, name: str):
     """``torch.ops.mamba_align.<name>``: the launcher, and a fake that allocates only."""
 
-    def impl(*args, **statics):
-        outs = launch(op, dict(zip(op.arrays, args)), statics)
-        return [outs[n] for n in op.returns] if op.returns else None
+    n = len(op.arrays)
 
-    def fake(*args, **statics):
-        arrays = dict(zip(op.arrays, args))
-        plan, dev = _plan(op, arrays, statics), _device(arrays)
-        return [torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
-                            device=dev) for n in op.returns] if op.returns else None
+    def impl(*args):
+        outs = launch(op, dict(zip(op.arrays, args)), dict(zip(_names(op), args[n:])))
+        return tuple(outs[n] for n in op.returns) if op.returns else None
+
+    def fake(*args):
+        arrays = dict(zip(op.arrays, args[:n]))
+        plan, dev = _plan(op, arrays, dict(zip(_names(op), args[n:]))), _device(arrays)
+        return tuple(torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
+                                 device=dev) for n in op.returns) if op.returns else None
 
     custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
                                      schema=_schema(op))
@@ -104,20 +125,21 @@ def public(op: K.Op):
     def fn(*args, **kwargs):
         return call(op, *op.bind(args, kwargs))
 
-    _CUSTOM[op] = custom
+    _CUSTOM[op.name] = custom
     fn.__name__ = fn.__qualname__ = name
     fn.__signature__ = sig
     fn.__doc__ = op.doc
     return fn
 
 
-_CUSTOM: Dict[K.Op, Any] = {}
+_CUSTOM: Dict[str, Any] = {}  # op name -> its torch.library custom op
 
 
 def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     """Run ``op``: through its custom op under ``torch.compile``, :func:`launch` otherwise."""
     if torch.compiler.is_compiling():
-        res = _CUSTOM[op](*(arrays[n] for n in op.arrays), **statics)
+        res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
+                               *(statics[n] for n in _names(op)))
         return dict(zip(op.returns, res)) if op.returns else None
     outs = launch(op, arrays, statics)
     return outs if op.returns else None

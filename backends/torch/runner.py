@@ -38,6 +38,10 @@ class TorchBlocks:
     run_col: torch.Tensor  # [rows]
 
 
+_FIELDS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write",
+           "src_col", "src_bias", "run_col")
+
+
 class StateRunner:
     """Device bookkeeping for ``num_slots`` request slots and the step launches.
 
@@ -76,7 +80,7 @@ class StateRunner:
             if isinstance(pool, torch.Tensor):
                 if pool.device != self.device:
                     raise ValueError(f"pools[{name!r}] is on {pool.device}, expected {self.device}")
-                meta[name] = (tuple(pool.shape), str(pool.dtype)[6:])
+                meta[name] = (tuple(pool.shape), ops.dtype_name(pool.dtype))
             elif pool is not None:
                 raise TypeError(f"pools[{name!r}] must be a torch.Tensor, got {type(pool).__name__}")
         self.config.check_pools(meta)
@@ -101,7 +105,7 @@ class StateRunner:
                                       mode=self.mode.value)
         if self.mode is Mode.PRE_COPY:
             ops.copy_pools_(pools, self.kinds, out)
-        return TorchBlocks(**{f: out[f] for f in TorchBlocks.__dataclass_fields__})
+        return TorchBlocks(*(out[f] for f in _FIELDS))
 
     def postprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
                     query_len: torch.Tensor, is_spec: torch.Tensor, num_sampled: torch.Tensor,

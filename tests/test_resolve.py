@@ -1,4 +1,6 @@
-"""Read / write slot resolution (SPEC.md §4 table), both modes, spec and non-spec rows."""
+"""Resolution of the recurrent kernels' read and write blocks (docs/semantics.md §4 table),
+checked three ways (core, torch, JAX) through the step's preprocess: both modes, spec and
+non-spec rows, fresh rows, prefix hits."""
 
 import numpy as np
 import pytest
@@ -31,17 +33,22 @@ def test_window_beyond_block_table_is_an_error():
         window_blocks(BT, [0], [4], S)
 
 
-def resolve(st_idx, acc, nc, q, spec, mode):
+class Blocks:
+    def __init__(self, out):
+        self.__dict__.update(out)
+        self.crossing = (out["src_col"] >= 0) & (out["src_col"] != out["run_col"])
+
+
+def resolve(backend, st_idx, acc, nc, q, spec, mode):
     s0 = state([st_idx, 0], [acc, 1], [nc, 0])
-    idx = np.array([0, -1])
-    qs = np.array([q, 0])
-    s1, plan = preprocess(s0, idx, qs, B)
-    return s1, plan, resolve_blocks(BT, idx, s1, plan, qs, spec, S, mode)
+    s1, out = backend.preprocess_resolve(s0, [0, -1], [q, 0], [spec, False], BT, B, S, mode)
+    k = Blocks(out)
+    return s1, k, k
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
-def test_fresh_row_reads_zero_state(mode):
-    _, plan, k = resolve(-1, 1, 0, 3, True, mode)
+def test_fresh_row_reads_zero_state(backend, mode):
+    _, plan, k = resolve(backend, -1, 1, 0, 3, True, mode)
     assert plan.run_col[0] == 0
     assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (-1, -1, 0)
     assert k.temporal_write[0].tolist() == [10, 11, 12] and k.conv_write[0] == 10
@@ -51,49 +58,49 @@ def test_fresh_row_reads_zero_state(mode):
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
-def test_same_column_reads_accepted_candidate(mode):
+def test_same_column_reads_accepted_candidate(backend, mode):
     # Column 1, acc 3 from the last step, 5 computed + 2 scheduled stays in column 1.
-    _, plan, k = resolve(1, 3, 5, 2, True, mode)
+    _, plan, k = resolve(backend, 1, 3, 5, 2, True, mode)
     assert not plan.crossing[0]
     assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (13, 11, 2)
     assert k.temporal_write[0].tolist() == [11, 12, -1]  # T = 2 candidates
     assert k.conv_write[0] == 11
 
 
-def test_crossing_row_pre_copy_reads_new_window_column_zero():
-    s1, plan, k = resolve(1, 2, 6, 3, True, "pre-copy")
+def test_crossing_row_pre_copy_reads_new_window_column_zero(backend):
+    s1, plan, k = resolve(backend, 1, 2, 6, 3, True, "pre-copy")
     assert plan.crossing[0] and plan.run_col[0] == 2 and s1.acc[0] == 1
     assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (12, 12, 0)
     assert k.temporal_write[0].tolist() == [12, 13, 14]
 
 
-def test_crossing_row_copy_free_reads_old_column():
-    _, plan, k = resolve(1, 2, 6, 3, True, "copy-free")
+def test_crossing_row_copy_free_reads_old_column(backend):
+    _, plan, k = resolve(backend, 1, 2, 6, 3, True, "copy-free")
     # temporal bt[src_col + src_bias] = bt[2], which is also write slot 0 (read before write)
     assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (12, 11, 1)
     assert k.temporal_write[0].tolist() == [12, 13, 14]
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
-def test_non_spec_prefill_writes_final_state_to_window_column_zero(mode):
+def test_non_spec_prefill_writes_final_state_to_window_column_zero(backend, mode):
     # 4 computed (a boundary), chunk of 8: column 0 -> 2, bias 0.
-    _, plan, k = resolve(0, 1, 4, 8, False, mode)
+    _, plan, k = resolve(backend, 0, 1, 4, 8, False, mode)
     assert plan.run_col[0] == 2 and plan.crossing[0]
     want_read = 12 if mode == "pre-copy" else 10
     assert (k.temporal_read[0], k.conv_read[0]) == (want_read, want_read)
     assert k.temporal_write[0].tolist() == [12, -1, -1] and k.conv_write[0] == 12
 
 
-def test_prefix_hit_first_step_reads_the_hit_block():
+def test_prefix_hit_first_step_reads_the_hit_block(backend):
     # A hit of 2 blocks (8 tokens) seeds state_idx = 1; the first chunk crosses with bias 0.
-    s = add_requests(init_slots(2), [0], [8], B)
-    idx, q = np.array([0]), np.array([3])
-    s1, plan = preprocess(s, idx, q, B)
-    assert (plan.src_col[0], plan.src_bias[0], plan.run_col[0]) == (1, 0, 2)
-    cf = resolve_blocks(BT, idx, s1, plan, q, False, S, "copy-free")
-    assert (cf.temporal_read[0], cf.conv_read[0], cf.conv_read_bias[0]) == (11, 11, 0)
-    pc = resolve_blocks(BT, idx, s1, plan, q, False, S, "pre-copy")
-    assert (pc.temporal_read[0], pc.conv_read[0]) == (12, 12)
+    s = backend.add_requests(init_slots(2), [0], [8], B)
+    _, cf = backend.preprocess_resolve(s, [0], [3], [False], BT, B, S, "copy-free")
+    assert (cf["src_col"][0], cf["src_bias"][0], cf["run_col"][0]) == (1, 0, 2)
+    assert (cf["temporal_read"][0], cf["conv_read"][0], cf["conv_read_bias"][0]) == (11, 11, 0)
+    _, pc = backend.preprocess_resolve(s, [0], [3], [False], BT, B, S, "pre-copy")
+    assert (pc["temporal_read"][0], pc["conv_read"][0]) == (12, 12)
+    # pre-copy copies (never moves) the hit block into the new running block
+    assert [pc[n][0] for n in ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")] == [11, 11, 12, 0]
 
 
 def test_spec_rows_longer_than_window_are_rejected():

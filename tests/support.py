@@ -1,0 +1,305 @@
+"""What the test files share: random pools and copy plans, element-by-element oracles of
+the copy rules (docs/semantics.md §2), and the three backends behind one NumPy-in /
+NumPy-out interface, so that each operation has one test file that checks all three.
+
+* ``reference``: the core (NumPy), which raises on bad input;
+* ``torch``: the torch launcher (interpreter on CPU, compiled Triton on the GPU);
+* ``jax``: the JAX launcher (interpreter through ``pure_callback`` on CPU, jax-triton on
+  the GPU).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import ml_dtypes
+import numpy as np
+
+from mamba_align.core import (
+    CopyPlan,
+    SlotState,
+    accept,
+    add_requests,
+    apply_conv_copy,
+    apply_temporal_copy,
+    postprocess,
+    postprocess_copy_plan,
+    precopy_plan,
+    preprocess,
+    resolve_blocks,
+)
+
+BACKENDS = ("reference", "torch", "jax")
+DEVICE_BACKENDS = ("torch", "jax")  # the kernels: they skip what the core rejects
+COPY_PLAN = ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")
+BLOCKS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
+
+
+# -- data ---------------------------------------------------------------------------------
+def random_pool(rng, shape, dtype):
+    """Random bits (NaN payloads included): equality must be on bytes, not on values."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = rng.integers(0, 256, size=int(np.prod(shape)) * itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape).copy()
+
+
+def same_bytes(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def copy_plan(tsrc, csrc, dst, bias) -> CopyPlan:
+    return CopyPlan(*(np.array(x, dtype=np.int64) for x in (tsrc, csrc, dst, bias)))
+
+
+def random_copy_plan(rng, rows: int, nb: int, max_bias: int) -> CopyPlan:
+    """Rows with distinct destinations: plain copies, self-copies / in-place shifts,
+    sources < 0 and skipped (-1) rows."""
+    blocks = rng.permutation(np.arange(1, nb))
+    dst = blocks[:rows].copy()
+    spare = blocks[rows:]
+    kind = rng.integers(0, 4, rows)  # 0 copy, 1 in place, 2 src -1, 3 skipped row
+    tsrc = np.where(kind == 1, dst, rng.choice(spare, rows))
+    csrc = np.where(kind == 1, dst, rng.choice(spare, rows))
+    tsrc[kind >= 2] = -1
+    csrc[kind >= 2] = -1
+    dst[kind == 3] = -1
+    return copy_plan(tsrc, csrc, dst, rng.integers(0, max_bias + 1, rows))
+
+
+def loop_temporal(pool, p: CopyPlan):
+    """docs/semantics.md §2, block by block: ``pool[:, dst] = pool[:, tsrc]``."""
+    out, before = pool.copy(), pool.copy()
+    for r in range(len(p.dst)):
+        if p.tsrc[r] >= 0 and p.dst[r] >= 0:
+            out[:, p.dst[r]] = before[:, p.tsrc[r]]
+    return out
+
+
+def loop_conv(pool, p: CopyPlan, layout: str):
+    """docs/semantics.md §2, element by element, reading the source as it was before."""
+    out, before = pool.copy(), pool.copy()
+    w = pool.shape[2] if layout == "SD" else pool.shape[3]
+    for r in range(len(p.dst)):
+        if p.csrc[r] < 0 or p.dst[r] < 0:
+            continue
+        for i in range(w - p.bias[r]):
+            if layout == "SD":
+                out[:, p.dst[r], i] = before[:, p.csrc[r], i + p.bias[r]]
+            else:
+                out[:, p.dst[r], :, i] = before[:, p.csrc[r], :, i + p.bias[r]]
+    return out
+
+
+def slots(state_idx, acc, num_computed) -> SlotState:
+    return SlotState(*(np.array(x, dtype=np.int64) for x in (state_idx, acc, num_computed)))
+
+
+def as_state(state) -> Tuple[list, list, list]:
+    return tuple(np.asarray(getattr(state, f)).tolist() for f in ("state_idx", "acc", "num_computed"))
+
+
+# -- backends -----------------------------------------------------------------------------
+class Backend:
+    """One operation per method, NumPy in and out (int64 index arrays, pools of any dtype)."""
+
+    name = "?"
+    examples_scale = 1.0  # hypothesis examples relative to the core's (interpreter cost)
+
+    def examples(self, n: int) -> int:
+        return max(5, int(n * self.examples_scale))
+
+    # ops -> (new state, per-row outputs by name) or a new pool
+    def add_requests(self, state, slots_, num_computed, block_size) -> SlotState: ...
+
+    def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
+                           mode="pre-copy") -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
+
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt,
+                    block_size) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
+
+    def copy_temporal(self, pool, src, dst): ...
+
+    def copy_conv(self, pool, src, dst, bias, layout): ...
+
+
+class Reference(Backend):
+    name = "reference"
+
+    def add_requests(self, state, slots_, num_computed, block_size):
+        return add_requests(state, slots_, num_computed, block_size)
+
+    def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
+                           mode="pre-copy"):
+        idx, q = np.asarray(idx), np.asarray(q)
+        new, pre = preprocess(state, idx, q, block_size)
+        cp = precopy_plan(bt, idx, pre)
+        blocks = resolve_blocks(bt, idx, new, pre, q, np.asarray(is_spec) != 0, num_spec, mode)
+        out = {"src_col": pre.src_col, "src_bias": pre.src_bias, "run_col": pre.run_col}
+        out.update(zip(COPY_PLAN, (cp.tsrc, cp.csrc, cp.dst, cp.bias)))
+        out.update({f: getattr(blocks, f) for f in BLOCKS})
+        return new, out
+
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
+        spec = np.asarray(is_spec) != 0
+        mid = accept(state, idx, q, num_sampled, spec)
+        new, post = postprocess(mid, idx, block_size)
+        cp = postprocess_copy_plan(bt, idx, post)
+        out = {"cache_col": post.cache_col}
+        out.update(zip(COPY_PLAN, (cp.tsrc, cp.csrc, cp.dst, cp.bias)))
+        return new, out
+
+    def copy_temporal(self, pool, src, dst):
+        out = pool.copy()
+        apply_temporal_copy(out, copy_plan(src, src, dst, np.zeros(len(src))))
+        return out
+
+    def copy_conv(self, pool, src, dst, bias, layout):
+        out = pool.copy()
+        apply_conv_copy(out, copy_plan(src, src, dst, bias), layout)
+        return out
+
+
+class Torch(Backend):
+    name = "torch"
+    examples_scale = 0.2
+
+    def __init__(self, index_dtype: str = "int64"):
+        import torch
+
+        from mamba_align.backends.torch import ops
+
+        self.torch, self.ops = torch, ops
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.index_dtype = getattr(torch, index_dtype)
+
+    def ids(self, a):
+        return self.torch.as_tensor(np.asarray(a), dtype=self.index_dtype, device=self.device)
+
+    def flags(self, a):
+        a = np.asarray(a)
+        return self.torch.as_tensor(a, device=self.device) if a.dtype == np.bool_ else self.ids(a)
+
+    def host(self, t):
+        t = t.detach().cpu()
+        if t.dtype == self.torch.bfloat16:
+            return t.view(self.torch.int16).numpy().view(ml_dtypes.bfloat16)
+        return t.numpy()
+
+    def pool(self, a):
+        a = np.ascontiguousarray(a)
+        if a.dtype == ml_dtypes.bfloat16:
+            return self.torch.from_numpy(a.view(np.int16).copy()).view(self.torch.bfloat16).to(
+                self.device)
+        return self.torch.from_numpy(a.copy()).to(self.device)
+
+    def _state(self, state):
+        return [self.ids(getattr(state, f)).clone() for f in ("state_idx", "acc", "num_computed")]
+
+    def _back(self, arrays):
+        return SlotState(*(self.host(a).astype(np.int64) for a in arrays))
+
+    def add_requests(self, state, slots_, num_computed, block_size):
+        st = self._state(state)
+        self.ops.add_requests_(*st, self.ids(slots_), self.ids(num_computed),
+                               block_size=block_size)
+        return self._back(st)
+
+    def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
+                           mode="pre-copy"):
+        st = self._state(state)
+        out = self.ops.preprocess_resolve_(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
+                                           self.ids(bt), block_size=block_size,
+                                           num_spec=num_spec, mode=mode)
+        return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
+
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
+        st = self._state(state)
+        out = self.ops.postprocess_(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
+                                    self.ids(num_sampled), self.ids(bt), block_size=block_size)
+        return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
+
+    def copy_temporal(self, pool, src, dst):
+        t = self.pool(pool)
+        self.ops.copy_temporal_(t, self.ids(src), self.ids(dst))
+        return self.host(t)
+
+    def copy_conv(self, pool, src, dst, bias, layout):
+        t = self.pool(pool)
+        self.ops.copy_conv_(t, self.ids(src), self.ids(dst), self.ids(bias), layout=layout)
+        return self.host(t)
+
+    def copy_pools(self, pools, kinds, plan):
+        t = {n: self.pool(p) for n, p in pools.items()}
+        self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()})
+        return {n: self.host(p) for n, p in t.items()}
+
+
+class Jax(Backend):
+    name = "jax"
+    examples_scale = 0.2
+
+    def __init__(self, index_dtype: str = "int32"):
+        import jax.numpy as jnp
+
+        from mamba_align.backends.jax import ops
+
+        self.jnp, self.ops = jnp, ops
+        self.index_dtype = getattr(jnp, index_dtype)
+
+    def ids(self, a):
+        return self.jnp.asarray(np.asarray(a), self.index_dtype)
+
+    def flags(self, a):
+        a = np.asarray(a)
+        return self.jnp.asarray(a) if a.dtype == np.bool_ else self.ids(a)
+
+    def _state(self, state):
+        return [self.ids(getattr(state, f)) for f in ("state_idx", "acc", "num_computed")]
+
+    @staticmethod
+    def _split(out):
+        st = SlotState(*(np.asarray(out.pop(f)).astype(np.int64)
+                         for f in ("state_idx", "acc", "num_computed")))
+        return st, {n: np.asarray(v).astype(np.int64) for n, v in out.items()}
+
+    def add_requests(self, state, slots_, num_computed, block_size):
+        out = self.ops.add_requests(*self._state(state), self.ids(slots_), self.ids(num_computed),
+                                    block_size=block_size)
+        return self._split(dict(out))[0]
+
+    def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
+                           mode="pre-copy"):
+        st = self._state(state)
+        out = dict(self.ops.preprocess_resolve(*st, self.ids(idx), self.ids(q),
+                                               self.flags(is_spec), self.ids(bt),
+                                               block_size=block_size, num_spec=num_spec,
+                                               mode=mode))
+        out["num_computed"] = st[2]
+        return self._split(out)
+
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
+        st = self._state(state)
+        out = dict(self.ops.postprocess(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
+                                        self.ids(num_sampled), self.ids(bt),
+                                        block_size=block_size))
+        out["state_idx"] = st[0]
+        return self._split(out)
+
+    def copy_temporal(self, pool, src, dst):
+        return np.asarray(self.ops.copy_temporal(self.jnp.asarray(pool), self.ids(src),
+                                                 self.ids(dst))["pool"])
+
+    def copy_conv(self, pool, src, dst, bias, layout):
+        return np.asarray(self.ops.copy_conv(self.jnp.asarray(pool), self.ids(src),
+                                             self.ids(dst), self.ids(bias),
+                                             layout=layout)["pool"])
+
+    def copy_pools(self, pools, kinds, plan):
+        out = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()}, kinds,
+                                  {n: self.ids(v) for n, v in plan.items()})
+        return {n: np.asarray(p) for n, p in out.items()}
+
+
+def make_backend(name: str, **kw) -> Backend:
+    return {"reference": Reference, "torch": Torch, "jax": Jax}[name](**kw)

@@ -1,0 +1,223 @@
+"""Both backends reject bad arguments with the same clear errors (the checks live once, in
+the kernels' plan builders and in ``CacheConfig.check_pools``), before anything is
+launched: dtype, rank, shape, strides, layout, static options, pools against the config.
+Values are never read on the host (that would synchronise): the kernels skip ids they
+cannot trust instead, which ``test_copy.py`` and ``test_bookkeeping.py`` check."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from mamba_align.backends import jax as mj
+from mamba_align.backends.torch import StateRunner
+from mamba_align.backends.torch import ops as tops
+from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Args:
+    """Arrays of one backend, by the same recipe: ``ids`` int, ``f32`` float, ``flags``
+    bool; ``op(name)`` the backend's function for a kernel op."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def ids(self, *v, shape=None):
+        a = np.array(v, np.int64).reshape(shape or (len(v),))
+        return torch.as_tensor(a, device=DEV) if self.name == "torch" else jnp.asarray(a, jnp.int32)
+
+    def f32(self, *shape):
+        a = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        return torch.as_tensor(a, device=DEV) if self.name == "torch" else jnp.asarray(a)
+
+    def flags(self, n, dtype=bool):
+        a = np.ones(n, dtype)
+        return torch.as_tensor(a, device=DEV) if self.name == "torch" else jnp.asarray(a)
+
+    def op(self, name):
+        # every op updates something in place: torch names it with a trailing underscore
+        return getattr(tops, name + "_") if self.name == "torch" else getattr(mj.ops, name)
+
+
+@pytest.fixture(params=["torch", "jax"])
+def a(request):
+    return Args(request.param)
+
+
+def slots4(a):
+    return a.ids(0, 0, 0, 0), a.ids(1, 1, 1, 1), a.ids(0, 0, 0, 0)
+
+
+BT = np.arange(16).reshape(4, 4)
+
+CASES = [
+    # copies
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.f32(1), a.ids(2)), {}), TypeError,
+     "src must have dtype"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1, 2), a.ids(3)), {}), ValueError,
+     "dst must have shape"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1, shape=(1, 1)), a.ids(3)), {}),
+     ValueError, "src must have shape"),
+    ("copy_temporal", lambda a: ((a.flags(48).reshape(2, 6, 4), a.ids(1), a.ids(3)), {}),
+     TypeError, "unsupported dtype bool"),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0)),
+                             {"layout": "XY"}), ValueError, "layout"),
+    ("copy_conv", lambda a: ((a.f32(6, 3, 4), a.ids(1), a.ids(2), a.ids(0)), {"layout": "SD"}),
+     ValueError, "pool must be"),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0, 1)),
+                             {"layout": "SD"}), ValueError, "bias must have shape"),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.flags(1)),
+                             {"layout": "SD"}), TypeError, "bias must have dtype"),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0)), {}),
+     TypeError, "missing the keyword option 'layout'"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2)), {"layout": "SD"}),
+     TypeError, "unexpected options"),
+    # bookkeeping
+    ("add_requests", lambda a: ((*slots4(a), a.ids(0), a.ids(1)), {"block_size": 0}),
+     ValueError, "block_size"),
+    ("add_requests", lambda a: ((*slots4(a), a.ids(0), a.ids(1, 2)), {"block_size": 4}),
+     ValueError, "num_computed_new must have shape"),
+    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
+                                       a.ids(*BT.flat, shape=BT.shape)),
+                                      {"block_size": 4, "num_spec": -1, "mode": "pre-copy"}),
+     ValueError, "num_spec"),
+    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
+                                       a.ids(*BT.flat, shape=BT.shape)),
+                                      {"block_size": 4, "num_spec": 1, "mode": "lazy"}),
+     ValueError, "mode must be one of"),
+    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
+                                       a.ids(*BT[:2].flat, shape=(2, 4))),
+                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
+     ValueError, "fewer than the 4 slots"),
+    ("preprocess_resolve", lambda a: ((*slots4(a), a.f32(1), a.ids(1), a.flags(1),
+                                       a.ids(*BT.flat, shape=BT.shape)),
+                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
+     TypeError, "idx_mapping must have dtype"),
+    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
+                                       a.ids(*BT[0].flat)),
+                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
+     ValueError, "block_table must have shape"),
+    ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1), a.ids(1, 1),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4}),
+     ValueError, "num_sampled must have shape"),
+    ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.f32(1), a.ids(1),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4}),
+     TypeError, "is_spec must have dtype"),
+    ("postprocess", lambda a: ((a.ids(0, 0), a.ids(1, 1, 1), a.ids(0, 0), a.ids(0), a.ids(1),
+                                a.flags(1), a.ids(1), a.ids(*BT.flat, shape=BT.shape)),
+                               {"block_size": 4}), ValueError, "acc must have shape"),
+]
+
+
+@pytest.mark.parametrize("name,make,exc,match", CASES,
+                         ids=[f"{c[0]}-{c[3].split()[0]}" for c in CASES])
+def test_op_argument_errors_are_the_same_in_both_backends(a, name, make, exc, match):
+    args, kw = make(a)
+    before = [np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x) for x in args]
+    with pytest.raises(exc, match=match):
+        a.op(name)(*args, **kw)
+    after = [np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x) for x in args]
+    assert all(np.array_equal(x, y) for x, y in zip(before, after))  # nothing written
+
+
+def test_torch_strides_are_checked():
+    pool = torch.zeros(2, 6, 3, 4, device=DEV)
+    i64 = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
+    with pytest.raises(ValueError, match="contiguous"):
+        tops.copy_temporal_(pool, i64(1, 2, 3, 4)[::2], i64(3, 4))
+    with pytest.raises(ValueError, match="inner block"):
+        tops.copy_temporal_(pool.transpose(2, 3), i64(1), i64(2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device kind")
+def test_torch_arrays_on_mixed_devices_are_rejected():
+    pool = torch.zeros(2, 6, 3, 4, device=DEV)
+    with pytest.raises(ValueError, match="is on cpu, expected cuda"):
+        tops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
+
+
+# -- the runners: pools against the config, the same rule in both ---------------------------
+CFG = CacheConfig(4, 1, 1, {"conv": ConvSpec(3, 4, "SD", "bfloat16"),
+                            "ssm": TemporalSpec((2, 2), "float32")})
+
+
+def pools_of(name, cfg=CFG, nb=12):
+    out = {}
+    for n, s in cfg.states.items():
+        a = np.zeros(cfg.pool_shape(n, nb), np.float32)
+        if name == "torch":
+            out[n] = torch.as_tensor(a, device=DEV).to(getattr(torch, s.dtype))
+        else:
+            out[n] = jnp.asarray(a, getattr(jnp, s.dtype))
+    return out
+
+
+def preprocess(a, pools, cfg=CFG, mode="pre-copy"):
+    bt = a.ids(*BT.flat, shape=BT.shape)
+    step = (a.ids(0, 1), a.ids(2, 2), a.flags(2), bt)
+    if a.name == "torch":
+        return StateRunner(cfg, 4, DEV, mode=mode).preprocess(pools, *step)
+    return mj.preprocess(mj.init_state(4), pools, *step, config=cfg, mode=mode)
+
+
+def cast(a, x, dtype):
+    return x.to(getattr(torch, dtype)) if a.name == "torch" else x.astype(getattr(jnp, dtype))
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (lambda a, p: {"conv": p["conv"]}, KeyError, "pools has no entry 'ssm'"),
+    (lambda a, p: dict(p, ssm=p["ssm"][:, :, :1]), ValueError, r"pools\['ssm'\] must be \[L=1"),
+    (lambda a, p: dict(p, ssm=(torch.cat if a.name == "torch" else jnp.concatenate)(
+        [p["ssm"]] * 2)), ValueError, r"pools\['ssm'\] must be \[L=1"),
+    (lambda a, p: dict(p, ssm=cast(a, p["ssm"], "float16")), TypeError,
+     "has dtype float16, the config's spec says float32"),
+    (lambda a, p: dict(p, conv=cast(a, p["conv"], "float32")), TypeError,
+     "has dtype float32, the config's spec says bfloat16"),
+    # a DS-shaped pool for an SD config
+    (lambda a, p: dict(p, conv=cast(a, a.f32(1, 12, 4, 3), "bfloat16")), ValueError,
+     r"must be \[L=1, NB, 3, 4\] \(SD\)"),
+])
+def test_pools_are_checked_against_the_config(a, change, exc, match):
+    with pytest.raises(exc, match=match):
+        preprocess(a, change(a, pools_of(a.name)))
+
+
+def test_extra_pool_entries_are_ignored_by_both(a):
+    pools = pools_of(a.name)
+    pools["scratch"] = a.f32(3)  # not a state of the config: neither checked nor copied
+    out = preprocess(a, pools)
+    assert out is not None
+
+
+def test_runner_options_are_checked(a):
+    with pytest.raises(ValueError, match="mode must be one of"):
+        preprocess(a, pools_of(a.name), mode="lazy")
+    with pytest.raises(TypeError, match="config must be a CacheConfig"):
+        preprocess(a, pools_of(a.name), cfg={"B": 4})
+
+
+def test_torch_runner_options():
+    with pytest.raises(TypeError, match="index_dtype"):
+        StateRunner(CFG, 4, DEV, index_dtype=torch.float32)
+    with pytest.raises(ValueError, match="num_slots"):
+        StateRunner(CFG, 0, DEV)
+
+
+def test_jax_bridge_scalars_are_python_numbers():
+    from mamba_align.backends.jax.bridge import _scalar
+
+    assert _scalar("x", 3) == 3 and isinstance(_scalar("x", 0.5), np.float32)
+    with pytest.raises(TypeError, match="scalar x"):
+        _scalar("x", np.int64(3))
+    with pytest.raises(TypeError, match="scalar x"):
+        _scalar("x", True)
+
+
+def test_jax_checks_are_static_under_jit():
+    # the checks read shapes and dtypes only, so they run (and raise) at trace time
+    bad = jax.jit(lambda s: mj.ops.copy_temporal(jnp.zeros((1, 4, 2)), s, jnp.zeros(2, jnp.int32)))
+    with pytest.raises(ValueError, match="dst must have shape"):
+        bad(jnp.zeros(1, jnp.int32))

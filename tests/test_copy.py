@@ -1,0 +1,283 @@
+"""State-block copies (docs/semantics.md §2 ``copy_block``), checked three ways (core,
+torch, JAX) against an element-by-element reading of the rule: byte-exact on random bits,
+untouched blocks keep their bytes, in-place shifts behave like memmove, negative sources
+do nothing. Then what only the kernels have: their grids, alignment and strides, and what
+they do with ids the core would reject. On CPU the kernels run in Triton's interpreter; on
+the GPU machine the same tests run compiled (``make gpu``)."""
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import copy_plan, loop_conv, loop_temporal, random_copy_plan, random_pool, same_bytes
+
+from mamba_align import kernels as K
+from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec, apply_copy, apply_temporal_copy
+from mamba_align.kernels import copy as kc
+
+DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+
+
+# -- the rule, three ways -------------------------------------------------------------------
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("block", [(4, 8, 8), (3, 5, 7)])  # aligned whole tiles / neither
+def test_temporal_copy_is_byte_exact(backend, rows, dtype, block):
+    rng = np.random.default_rng(rows)
+    nb = 2 * rows + 3
+    pool = random_pool(rng, (3, nb) + block, dtype)
+    p = random_copy_plan(rng, rows, nb, 0)
+    got = backend.copy_temporal(pool, p.tsrc, p.dst)
+    assert same_bytes(got, loop_temporal(pool, p))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("S", [0, 1, 3])
+@pytest.mark.parametrize("D", [40, 64])  # a partial channel tile / whole tiles
+def test_conv_copy_is_byte_exact(backend, rows, layout, dtype, S, D):
+    rng = np.random.default_rng(7 * rows + S)
+    nb, W = 2 * rows + 3, 4 - 1 + S
+    pool = random_pool(rng, (2, nb, W, D) if layout == "SD" else (2, nb, D, W), dtype)
+    p = random_copy_plan(rng, rows, nb, S)
+    got = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
+    assert same_bytes(got, loop_conv(pool, p, layout))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_temporal_copy_leaves_other_blocks_alone(backend, dtype):
+    rng = np.random.default_rng(0)
+    pool = random_pool(rng, (3, 9, 2, 4, 4), dtype)
+    got = backend.copy_temporal(pool, [5, -1, 2, 7], [1, 8, 2, 3])
+    assert same_bytes(got[:, 1], pool[:, 5]) and same_bytes(got[:, 3], pool[:, 7])
+    untouched = [b for b in range(9) if b not in (1, 3)]  # 2: a self-copy; 8: source -1
+    assert same_bytes(got[:, untouched], pool[:, untouched])
+
+
+def test_conv_in_place_shift_is_memmove(backend):
+    pool = np.arange(2 * 3 * 6 * 1, dtype=np.float32).reshape(2, 3, 6, 1)
+    got = backend.copy_conv(pool, [1], [1], [2], "SD")
+    # rows 0..3 take rows 2..5 as they were; rows 4, 5 stay as they were
+    assert np.array_equal(got[:, 1, :4], pool[:, 1, 2:])
+    assert np.array_equal(got[:, 1, 4:], pool[:, 1, 4:])
+    assert np.array_equal(got[:, [0, 2]], pool[:, [0, 2]])
+
+
+def test_random_plans_match_the_elementwise_reading(backend):
+    @settings(max_examples=backend.examples(100))
+    @given(st.data())
+    def run(data):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        layout = data.draw(st.sampled_from(["SD", "DS"]))
+        nb = data.draw(st.integers(4, 12))
+        k, s = data.draw(st.integers(2, 4)), data.draw(st.integers(0, 3))
+        w = k - 1 + s
+        rows = data.draw(st.integers(1, nb // 2))
+        blocks = rng.permutation(np.arange(1, nb))
+        dst = blocks[:rows]
+        in_place = data.draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
+        c_src = [int(dst[r]) if in_place[r] else int(rng.choice(blocks[rows:]))
+                 for r in range(rows)]
+        c_src = [-1 if data.draw(st.booleans()) else c for c in c_src]
+        p = copy_plan(c_src, c_src, dst, [data.draw(st.integers(0, s)) for _ in range(rows)])
+        pool = random_pool(rng, (2, nb, w, 3) if layout == "SD" else (2, nb, 3, w), np.float32)
+        got = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
+        assert same_bytes(got, loop_conv(pool, p, layout))
+
+    run()
+
+
+def test_copy_plan_dispatch_per_state_kind(backend):
+    # the runners apply a step's copy plan to each pool by its kind (kernels.pool_copies;
+    # the core's apply_copy): temporal whole blocks, conv shifted by the bias
+    cfg = CacheConfig(4, 1, 2, {"conv": ConvSpec(3, 4, "DS", "float32"),
+                                "ssm": TemporalSpec((2, 3), "float32")})
+    rng = np.random.default_rng(1)
+    pools = {n: random_pool(rng, cfg.pool_shape(n, 6), np.float32) for n in cfg.states}
+    plan = {"copy_tsrc": [3], "copy_csrc": [2], "copy_dst": [4], "copy_bias": [1]}
+    if backend.name == "reference":
+        got = {n: p.copy() for n, p in pools.items()}
+        apply_copy(got, cfg, copy_plan(*plan.values()))
+    else:
+        got = backend.copy_pools(pools, cfg.copy_kinds(), plan)
+    assert same_bytes(got["ssm"][:, 4], pools["ssm"][:, 3])
+    assert same_bytes(got["conv"][:, 4, :, :2], pools["conv"][:, 2, :, 1:])
+    assert same_bytes(got["conv"][:, 4, :, 2:], pools["conv"][:, 4, :, 2:])
+    for n in pools:
+        others = [b for b in range(6) if b != 4]
+        assert same_bytes(got[n][:, others], pools[n][:, others])
+
+
+def test_the_reference_rejects_rows_that_race():
+    pool = np.zeros((1, 6, 2), np.float32)
+    with pytest.raises(ValueError, match="same destination"):
+        apply_temporal_copy(pool, copy_plan([1, 2], [1, 2], [3, 3], [0, 0]))
+    with pytest.raises(ValueError, match="another row reads"):
+        apply_temporal_copy(pool, copy_plan([1, 3], [1, 3], [3, 4], [0, 0]))
+
+
+# -- the kernels: ids the core rejects are skipped, empty launches do nothing ------------
+def test_out_of_range_block_ids_and_biases_copy_nothing(device_backend):
+    pool = np.arange(2 * 6 * 3 * 4, dtype=np.float32).reshape(2, 6, 3, 4)
+    assert same_bytes(device_backend.copy_temporal(pool, [1, 99, 2], [6, 3, -5]), pool)
+    got = device_backend.copy_conv(pool, [1, 2, 3], [7, 4, 5], [0, 9, -1], "SD")
+    assert same_bytes(got, pool)
+
+
+def test_empty_pools_and_empty_plans_are_a_no_op(device_backend):
+    empty = np.zeros((0, 4, 8), np.float32)
+    assert device_backend.copy_temporal(empty, [1], [2]).shape == (0, 4, 8)
+    pool = np.ones((1, 4, 8), np.float32)
+    assert same_bytes(device_backend.copy_temporal(pool, [], []), pool)
+
+
+# -- the kernels' grids, tiling and alignment (plans, then launches of modified plans) ------
+def spec(shape, dtype="float32", strides=None):
+    s = K.ArraySpec.row_major(shape, dtype)
+    return dataclasses.replace(s, strides=tuple(strides)) if strides else s
+
+
+def ids(n):
+    return spec((n,), "int64")
+
+
+def test_copy_grids_stay_near_the_target_program_count():
+    # An empty decode step launches every program: the grid must not grow with rows x
+    # layers x block size (it used to: 1.2 M programs, 713 us, at 256 rows of 36 x 2 MiB).
+    numel = 32 * 128 * 128
+    for rows in (1, 8, 64, 256, 4096):
+        plan = K.plan_copy_temporal(spec((36, 600, 32, 128, 128)), ids(rows), ids(rows))
+        tiles, layers, groups = plan.grid
+        # one program per tile and layer (per 1024 rows for huge batches)
+        assert (tiles, layers) == (512, 36) and groups == -(-rows // kc.MAX_ROWS_PER_PROGRAM)
+        assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
+        assert plan.views == {"pool": "int32"} and plan.aliases == {"pool": "pool"}
+        conv = K.plan_copy_conv(spec((36, 600, 3, 8192), "bfloat16"), ids(rows), ids(rows),
+                                ids(rows), layout="SD")
+        assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
+        assert conv.grid[1] * conv.constexprs["TILES_PER_PROGRAM"] * conv.constexprs["TILE_D"] >= 8192
+        assert conv.views == {"pool": "int16"}
+    # small blocks: rows spread over programs up to the target
+    assert kc.temporal_tiling(64, 2, 4096, 4, 16)["grid"] == (4, 2, 64)
+    t = kc.temporal_tiling(10_000, 2, 4096, 4, 16)
+    assert t["grid"][0] * t["grid"][1] * t["grid"][2] <= kc.TEMPORAL_PROGRAMS
+    # a huge batch: rows per program capped (they live in registers), groups stay in the grid
+    t = kc.temporal_tiling(3_000_000, 36, numel, 4, 16)
+    assert t["constexprs"]["ROWS_PER_PROGRAM"] == kc.MAX_ROWS_PER_PROGRAM
+    assert t["grid"][2] * kc.MAX_ROWS_PER_PROGRAM >= 3_000_000 and t["grid"][2] <= 65_535
+    # a huge conv dim: channel tiles run per program, axis 1 stays within 65 535
+    c = kc.conv_tiling(1, 1, 3, 70_000_000, 2, "SD")
+    assert c["grid"][1] <= 65_535 and c["constexprs"]["TILES_PER_PROGRAM"] >= 2
+    # an empty batch launches nothing
+    assert K.plan_copy_temporal(spec((2, 4, 8)), ids(0), ids(0)).skip
+
+
+def launch_modified(backend, plan, arrays):
+    """Launch ``plan`` as changed by a test (a grid the planner would not choose) through
+    the backend's generic launcher."""
+    op = K.Op("probe", tuple(arrays), (), lambda **_: plan, ("pool",), (), "")
+    if backend.name == "torch":
+        t = {n: backend.pool(a) if n == "pool" else backend.ids(a) for n, a in arrays.items()}
+        backend.ops.launch(op, t, {})
+        return backend.host(t["pool"])
+    j = {n: backend.jnp.asarray(a) if n == "pool" else backend.ids(a) for n, a in arrays.items()}
+    return np.asarray(backend.ops.launch(op, j, {})["pool"])
+
+
+@pytest.mark.parametrize("rows_per_program", [1, 4, 16, 1024])
+def test_temporal_copy_with_row_groups_and_a_ragged_block(device_backend, rows_per_program):
+    numel = 3 * 1024 + 37  # four 4 KiB tiles, the last one partial
+    rng = np.random.default_rng(rows_per_program)
+    rows, nb = 11, 26
+    pool = random_pool(rng, (2, nb, numel), np.float32)
+    p = random_copy_plan(rng, rows, nb, 0)
+    base = K.plan_copy_temporal(spec(pool.shape), ids(rows), ids(rows))
+    assert not base.constexprs["EVEN"]
+    grouped = dataclasses.replace(
+        base, grid=base.grid[:2] + (-(-rows // rows_per_program),),
+        constexprs=dict(base.constexprs, ROWS_PER_PROGRAM=rows_per_program))
+    got = launch_modified(device_backend, grouped, {"pool": pool, "src": p.tsrc, "dst": p.dst})
+    assert same_bytes(got, loop_temporal(pool, p))
+
+
+def test_conv_programs_with_several_channel_tiles_copy_right(device_backend):
+    pool = np.arange(2 * 5 * 4 * 100, dtype=np.int32).reshape(2, 5, 4, 100)
+    p = copy_plan([1, 2], [1, 2], [3, 2], [1, 2])  # row 1 in place
+    small = K.plan_copy_conv(spec(pool.shape, "int32"), ids(2), ids(2), ids(2), layout="SD")
+    tiles = -(-100 // small.constexprs["TILE_D"])
+    two = dataclasses.replace(small, grid=(small.grid[0], -(-tiles // 2)),
+                              constexprs=dict(small.constexprs, TILES_PER_PROGRAM=2,
+                                              EVEN_D=False))
+    got = launch_modified(device_backend, two,
+                          {"pool": pool, "src": p.csrc, "dst": p.dst, "bias": p.bias})
+    assert same_bytes(got, loop_conv(pool, p, "SD"))
+
+
+def test_pool_align_is_the_largest_power_of_two_dividing_the_strides():
+    t = {"layer_stride": 6 * 40, "block_stride": 40}
+    assert K.pool_align(t) == 8 and K.pool_align(dict(t, block_stride=44, layer_stride=88)) == 4
+    assert K.pool_align({"layer_stride": 29 * 6, "block_stride": 29}) == 1
+    assert K.pool_align({"layer_stride": 1 << 20, "block_stride": 1 << 12}) == 16  # capped
+    sd = {"layer_stride": 3 * 64 * 5, "block_stride": 3 * 64, "dim": 12, "width": 3}
+    assert K.pool_align(sd, "SD") == 4 and K.pool_align(sd, "DS") == 16  # DS: dim not involved
+
+
+# -- torch only: pools that are views of larger allocations (JAX arrays are contiguous) ---
+@pytest.fixture
+def torch_backend():
+    from support import Torch
+
+    return Torch()
+
+
+def test_copies_leave_padded_strides_alone(torch_backend):
+    torch, ops, dev = torch_backend.torch, torch_backend.ops, torch_backend.device
+    # a page-padded pool: blocks live inside a larger allocation; the padding must survive
+    base = torch.full((2, 6, 3 * 8 + 5), 0x5A, dtype=torch.int32, device=dev)
+    pool = base[:, :, : 3 * 8].view(2, 6, 3, 8)  # block stride 29, layer stride 174
+    pool[:, 2] = torch.arange(48, dtype=torch.int32, device=dev).view(2, 3, 8)
+    before = base.clone()
+    i64 = lambda a: torch.tensor(a, device=dev)  # noqa: E731
+    ops.copy_conv_(pool.view(torch.float32), i64([2]), i64([4]), i64([1]), layout="SD")
+    ops.copy_temporal_(pool.view(torch.float32), i64([2]), i64([5]))
+    changed = (base != before).any(dim=-1).any(dim=0)
+    assert changed.tolist() == [False, False, False, False, True, True]
+    assert torch.equal(base[:, :, 24:], before[:, :, 24:])  # padding untouched
+    assert torch.equal(pool[:, 4, :2], pool[:, 2, 1:]) and torch.equal(pool[:, 4, 2], before[:, 4, 16:24])
+    assert torch.equal(pool[:, 5], pool[:, 2])
+
+
+@pytest.mark.parametrize("numel", [512, 520])  # one whole tile / a partial one; align 4
+def test_copies_with_strides_aligned_to_four_elements_only(torch_backend, numel):
+    # ALIGN = 4 promises the compiler 16-byte alignment for fp32 but not more: on the GPU a
+    # wrong promise would fault or copy the wrong bytes (the interpreter ignores it).
+    rng = np.random.default_rng(numel)
+    base = random_pool(rng, (2, 7, numel + 4), np.float32)
+    t = torch_backend.pool(base)
+    pool = t[:, :, :numel]  # block stride numel + 4: a multiple of 4, not of 16
+    s = torch_backend.ops.spec("pool", pool)
+    assert K.pool_align(K.pool_scalars(s)) == 4
+    plan = K.plan_copy_temporal(s, ids(3), ids(3))
+    assert plan.constexprs["ALIGN"] == 4 and plan.constexprs["EVEN"] == (numel == 512)
+    p = copy_plan([1, 3, -1], [1, 3, -1], [5, 2, 6], [0, 0, 0])
+    want = base.copy()
+    want[:, :, :numel] = loop_temporal(base[:, :, :numel], p)
+    torch_backend.ops.copy_temporal_(pool, torch_backend.ids(p.tsrc), torch_backend.ids(p.dst))
+    assert same_bytes(torch_backend.host(t), want)
+
+
+def test_overlapping_pool_strides_are_rejected_and_transposed_layouts_accepted(torch_backend):
+    torch, ops, dev = torch_backend.torch, torch_backend.ops, torch_backend.device
+    i64 = lambda *a: torch.tensor(a, device=dev)  # noqa: E731
+    base = torch.zeros(10_000, device=dev)
+    overlapping = base.as_strided((2, 5, 3, 4), (24, 12, 4, 1))  # layer 1 = layer 0, block 2
+    with pytest.raises(ValueError, match="overlap"):
+        ops.copy_temporal_(overlapping, i64(1), i64(2))
+    blocks_first = torch.zeros(5, 2, 3, 4, device=dev).transpose(0, 1)  # [L, NB] view of [NB, L]
+    blocks_first[:, 1] = 7.0
+    ops.copy_temporal_(blocks_first, i64(1), i64(3))
+    assert (blocks_first[:, 3] == 7.0).all() and (blocks_first[:, 2] == 0).all()
