@@ -4,10 +4,10 @@ For each batch size B, B rows copy a random source block into a random destinati
 (all 2B ids distinct) in every layer of
 
 - the temporal pool ``[L, NB, 32, 128, 128]`` fp32 (2 MiB per block): our
-  ``torch.ops.mamba_align.copy_temporal_`` vs ``pool[:, dst] = pool[:, src]`` vs
+  ``mamba_align.backends.torch.ops.copy_temporal_`` vs ``pool[:, dst] = pool[:, src]`` vs
   ``pool.index_copy_(1, dst, pool.index_select(1, src))``;
 - the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row: our
-  ``torch.ops.mamba_align.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
+  ``mamba_align.backends.torch.ops.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
 - both of our launches back to back (the whole pre-copy);
 - then, with the torch pools freed, the same copies in JAX on the same ids: our kernels
   through ``mamba_align.backends.jax.ops`` vs the ``p.at[:, dst].set(p[:, src])`` scatter a
@@ -164,14 +164,14 @@ def check_ours(temporal: torch.Tensor, conv: torch.Tensor, src: torch.Tensor,
                dst: torch.Tensor, shift: torch.Tensor) -> None:
     """One launch of each of our copies; compare bit patterns with the saved sources."""
     saved = bits(temporal[:, src])  # advanced indexing returns a copy
-    torch.ops.mamba_align.copy_temporal_(temporal, src, dst)
+    tops.copy_temporal_(temporal, src, dst)
     if not torch.equal(bits(temporal[:, dst]), saved):
         raise SystemExit(f"copy_temporal_ is WRONG for B={src.numel()}: "
                          "pool[:, dst] != pool[:, src]")
     del saved
     w = conv.shape[2]
     saved = bits(conv[:, src, 1:])
-    torch.ops.mamba_align.copy_conv_(conv, src, dst, shift, "SD")
+    tops.copy_conv_(conv, src, dst, shift, layout="SD")
     if not torch.equal(bits(conv[:, dst, : w - 1]), saved):
         raise SystemExit(f"copy_conv_ is WRONG for B={src.numel()}: pool[:, dst, :W-1] != "
                          "pool[:, src, 1:]")
@@ -220,10 +220,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
         # ours: the path StateRunner takes (the plain launcher; torch.ops under compile)
         def ours_temporal() -> None:
-            tops.call("copy_temporal_", temporal, src, dst)
+            tops.copy_temporal_(temporal, src, dst)
 
         def ours_conv() -> None:
-            tops.call("copy_conv_", conv, src, dst, shift, "SD")
+            tops.copy_conv_(conv, src, dst, shift, layout="SD")
 
         def pre_copy() -> None:
             ours_temporal()
@@ -246,13 +246,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 show(records[-1])
         # a decode step in which no row crosses: the launch runs, every row copies nothing
         none = torch.full_like(src, -1)
-        ms = bench_ms(lambda: tops.call("copy_temporal_", temporal, none, dst), cuda, graph=cuda)
+        ms = bench_ms(lambda: tops.copy_temporal_(temporal, none, dst), cuda, graph=cuda)
         records.append(record("ours_no_copy", "temporal", b, L, 0, ms, "graph" if cuda else "eager"))
         show(records[-1])
         if b > FEW:  # a decode step in which a few of the B rows cross a block boundary
             few = none.clone()
             few[:FEW] = src[:FEW]
-            ms = bench_ms(lambda: tops.call("copy_temporal_", temporal, few, dst), cuda, graph=cuda)
+            ms = bench_ms(lambda: tops.copy_temporal_(temporal, few, dst), cuda, graph=cuda)
             records.append(record(f"ours_{FEW}_rows_copy", "temporal", b, L, 2 * FEW * L * t_bytes,
                                   ms, "graph" if cuda else "eager"))
             show(records[-1])
@@ -322,9 +322,9 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     same_t = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d]), saved))
     saved_c = jax.jit(lambda p, s: bitcast(p[:, s, 1:]))
     same_c = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d, : w - 1]), saved))
-    ours_t = jit_d(jops.copy_temporal)
+    ours_t = jit_d(lambda p, s, d: jops.copy_temporal(p, s, d)["pool"])
     xla_t = jit_d(lambda p, s, d: p.at[:, d].set(p[:, s]))
-    ours_c = jit_d(lambda p, s, d, sh: jops.copy_conv(p, s, d, sh, "SD"))
+    ours_c = jit_d(lambda p, s, d, b: jops.copy_conv(p, s, d, b, layout="SD")["pool"])
     xla_c = jit_d(lambda p, s, d: p.at[:, d, : w - 1].set(p[:, s, 1:]))
 
     pools = {"temporal": jnp.zeros((L, nb, *args.temporal_block), jnp.float32),

@@ -118,7 +118,7 @@ def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
     out = {"jax_jit": (ms, enq)}
 
     def body(c, _):  # a decode loop: SCAN steps in one jitted call
-        st, p, _slots = mj.preprocess(c[0], c[1], *inputs, cfg, "pre-copy")
+        st, p, _blocks = mj.preprocess(c[0], c[1], *inputs, config=cfg, mode="pre-copy")
         return (st, p), None
 
     scan = jax.jit(lambda c: jax.lax.scan(body, c, None, length=SCAN)[0], donate_argnums=0)

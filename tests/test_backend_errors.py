@@ -53,6 +53,17 @@ def slots4(a):
 
 BT = np.arange(16).reshape(4, 4)
 
+
+def step(a, **change):
+    """A good preprocess_resolve call of one row, with ``change`` replacing arguments."""
+    arrays = dict(zip(("state_idx", "acc", "num_computed"), slots4(a)), idx_mapping=a.ids(0),
+                  query_len=a.ids(1), is_spec=a.flags(1),
+                  block_table=a.ids(*BT.flat, shape=BT.shape))
+    statics = {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}
+    arrays.update({k: v for k, v in change.items() if k in arrays})
+    statics.update({k: v for k, v in change.items() if k in statics})
+    return tuple(arrays.values()), statics
+
 CASES = [
     # copies
     ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.f32(1), a.ids(2)), {}), TypeError,
@@ -80,26 +91,14 @@ CASES = [
      ValueError, "block_size"),
     ("add_requests", lambda a: ((*slots4(a), a.ids(0), a.ids(1, 2)), {"block_size": 4}),
      ValueError, "num_computed_new must have shape"),
-    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
-                                       a.ids(*BT.flat, shape=BT.shape)),
-                                      {"block_size": 4, "num_spec": -1, "mode": "pre-copy"}),
-     ValueError, "num_spec"),
-    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
-                                       a.ids(*BT.flat, shape=BT.shape)),
-                                      {"block_size": 4, "num_spec": 1, "mode": "lazy"}),
-     ValueError, "mode must be one of"),
-    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
-                                       a.ids(*BT[:2].flat, shape=(2, 4))),
-                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
+    ("preprocess_resolve", lambda a: step(a, num_spec=-1), ValueError, "num_spec"),
+    ("preprocess_resolve", lambda a: step(a, mode="lazy"), ValueError, "mode must be one of"),
+    ("preprocess_resolve", lambda a: step(a, block_table=a.ids(*BT[:2].flat, shape=(2, 4))),
      ValueError, "fewer than the 4 slots"),
-    ("preprocess_resolve", lambda a: ((*slots4(a), a.f32(1), a.ids(1), a.flags(1),
-                                       a.ids(*BT.flat, shape=BT.shape)),
-                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
-     TypeError, "idx_mapping must have dtype"),
-    ("preprocess_resolve", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1),
-                                       a.ids(*BT[0].flat)),
-                                      {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}),
-     ValueError, "block_table must have shape"),
+    ("preprocess_resolve", lambda a: step(a, idx_mapping=a.f32(1)), TypeError,
+     "idx_mapping must have dtype"),
+    ("preprocess_resolve", lambda a: step(a, block_table=a.ids(*BT[0])), ValueError,
+     "block_table must have shape"),
     ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1), a.ids(1, 1),
                                 a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4}),
      ValueError, "num_sampled must have shape"),

@@ -77,7 +77,7 @@ _SCHEMA_TYPES = {int: "int", bool: "bool", float: "float", str: "str"}
 
 def _schema(op: K.Op) -> str:
     arrays = []
-    for i, n in enumerate(op.arrays):
+    for n in op.arrays:
         alias = f"({chr(ord('a') + op.mutates.index(n))}!)" if n in op.mutates else ""
         arrays.append(f"Tensor{alias} {n}")
     # torch's functionalization passes arguments by schema name to helpers that take a
@@ -95,18 +95,18 @@ def _names(op: K.Op):
 
 def _register(op: K.Op, name: str):
     """``torch.ops.mamba_align.<name>``: the launcher, and a fake that allocates only."""
-
-    n = len(op.arrays)
+    k = len(op.arrays)  # then the statics, positional
 
     def impl(*args):
-        outs = launch(op, dict(zip(op.arrays, args)), dict(zip(_names(op), args[n:])))
+        outs = launch(op, dict(zip(op.arrays, args)), dict(zip(_names(op), args[k:])))
         return tuple(outs[n] for n in op.returns) if op.returns else None
 
     def fake(*args):
-        arrays = dict(zip(op.arrays, args[:n]))
-        plan, dev = _plan(op, arrays, dict(zip(_names(op), args[n:]))), _device(arrays)
-        return tuple(torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
-                                 device=dev) for n in op.returns) if op.returns else None
+        arrays = dict(zip(op.arrays, args[:k]))
+        plan, dev = _plan(op, arrays, dict(zip(_names(op), args[k:]))), _device(arrays)
+        outs = [plan.out_specs[n] for n in op.returns]
+        return tuple(torch.empty(o.shape, dtype=dtype(o.dtype), device=dev)
+                     for o in outs) if outs else None
 
     custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
                                      schema=_schema(op))
@@ -132,7 +132,7 @@ def public(op: K.Op):
     return fn
 
 
-_CUSTOM: Dict[str, Any] = {}  # op name -> its torch.library custom op
+_CUSTOM: Dict[str, Any] = {}  # op name -> its custom op (dynamo cannot hash an Op key)
 
 
 def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
