@@ -37,7 +37,8 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
     plan = op.plan(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
     if plan.skip:
         return {n: arrays[plan.aliases[n]] if n in plan.aliases
-                else jnp.zeros(plan.out_specs[n].shape, plan.out_specs[n].dtype)
+                else jnp.zeros(plan.out_specs[n].shape,
+                               jax.dtypes.canonicalize_dtype(plan.out_specs[n].dtype))
                 for n in plan.outputs}
     args = dict(arrays)
     for n, d in plan.views.items():  # copies see pools as same-width integers
