@@ -6,7 +6,7 @@ For each batch size B, B rows copy a random source block into a random destinati
 - the temporal pool ``[L, NB, 32, 128, 128]`` fp32 (2 MiB per block): our
   ``mamba_align.backends.torch.ops.copy_temporal_`` vs ``pool[:, dst] = pool[:, src]`` vs
   ``pool.index_copy_(1, dst, pool.index_select(1, src))``;
-- the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row: our
+- the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row (bias 1): our
   ``mamba_align.backends.torch.ops.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
 - both of our launches back to back (the whole pre-copy);
 - then, with the torch pools freed, the same copies in JAX on the same ids: our kernels
@@ -161,7 +161,7 @@ def pick_rows(batch: int, num_blocks: int, gen: torch.Generator, device: torch.d
 
 
 def check_ours(temporal: torch.Tensor, conv: torch.Tensor, src: torch.Tensor,
-               dst: torch.Tensor, shift: torch.Tensor) -> None:
+               dst: torch.Tensor, bias: torch.Tensor) -> None:
     """One launch of each of our copies; compare bit patterns with the saved sources."""
     saved = bits(temporal[:, src])  # advanced indexing returns a copy
     tops.copy_temporal_(temporal, src, dst)
@@ -171,7 +171,7 @@ def check_ours(temporal: torch.Tensor, conv: torch.Tensor, src: torch.Tensor,
     del saved
     w = conv.shape[2]
     saved = bits(conv[:, src, 1:])
-    tops.copy_conv_(conv, src, dst, shift, layout="SD")
+    tops.copy_conv_(conv, src, dst, bias, layout="SD")
     if not torch.equal(bits(conv[:, dst, : w - 1]), saved):
         raise SystemExit(f"copy_conv_ is WRONG for B={src.numel()}: pool[:, dst, :W-1] != "
                          "pool[:, src, 1:]")
@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     t_dtype, c_dtype = torch.float32, torch.bfloat16
     t_bytes = t_dtype.itemsize * torch.Size(t_block).numel()
     w, dim = c_block
-    c_moved = (w - 1) * dim * c_dtype.itemsize  # per row and layer, shift = 1
+    c_moved = (w - 1) * dim * c_dtype.itemsize  # per row and layer, bias = 1
 
     # 1. the ceiling first, with its own buffers (freed before the ~36 GiB pool exists)
     floor = 0 if args.small else GIB
@@ -207,8 +207,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for b in batches:
         src, dst = pick_rows(b, nb, gen, device)
         ids[b] = (src.cpu().numpy(), dst.cpu().numpy())
-        shift = torch.ones_like(src)
-        check_ours(temporal, conv, src, dst, shift)
+        bias = torch.ones_like(src)
+        check_ours(temporal, conv, src, dst, bias)
         free(cuda)
         tb, cb = 2 * b * L * t_bytes, 2 * b * L * c_moved
 
@@ -223,7 +223,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             tops.copy_temporal_(temporal, src, dst)
 
         def ours_conv() -> None:
-            tops.copy_conv_(conv, src, dst, shift, layout="SD")
+            tops.copy_conv_(conv, src, dst, bias, layout="SD")
 
         def pre_copy() -> None:
             ours_temporal()
@@ -276,7 +276,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             "temporal_shape": [L, nb, *t_block], "temporal_block_bytes": t_bytes,
             "temporal_dtype": str(t_dtype).replace("torch.", ""),
             "conv_shape": [L, nb, *c_block], "conv_dtype": str(c_dtype).replace("torch.", ""),
-            "conv_layout": "SD", "conv_shift": 1,
+            "conv_layout": "SD", "conv_bias": 1,
         },
         **jax_header,
     }
@@ -335,11 +335,11 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     key = jax.random.key(0)
     for b in sorted(ids):
         src, dst = (jnp.asarray(x, jnp.int32) for x in ids[b])
-        shift = jnp.ones_like(src)
+        bias = jnp.ones_like(src)
         cases = {
             "temporal": [("jax", lambda p: ours_t(p, src, dst)),
                          ("xla_scatter", lambda p: xla_t(p, src, dst))],
-            "conv": [("jax", lambda p: ours_c(p, src, dst, shift)),
+            "conv": [("jax", lambda p: ours_c(p, src, dst, bias)),
                      ("xla_scatter", lambda p: xla_c(p, src, dst))],
         }
         checks = {"temporal": (saved_t, same_t), "conv": (saved_c, same_c)}

@@ -42,7 +42,7 @@ class PreprocessPlan:
     src_col: np.ndarray  # previous running column, -1 when fresh or skipped
     src_bias: np.ndarray  # accepted-token bias max(acc - 1, 0)
     run_col: np.ndarray  # the row's running column (state_idx after step 1), -1 if skipped
-    crossing: np.ndarray  # bool: src_col >= 0 and src_col != state_idx
+    crossing: np.ndarray  # bool: src_col >= 0 and src_col != run_col
 
 
 @dataclass(frozen=True)

@@ -84,6 +84,16 @@ def bool_array(name: str, value: Any, length: int) -> np.ndarray:
     return value.copy()
 
 
+INDEX_DTYPES = ("int32", "int64")
+
+
+def index_dtype(name: str, dtype_name: str) -> str:
+    """A runner's per-slot dtype must be int32 or int64 (by name, for every framework)."""
+    if dtype_name not in INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {dtype_name}")
+    return dtype_name
+
+
 def instance(name: str, value: Any, cls: type) -> Any:
     """Return ``value`` after checking it is an instance of ``cls``."""
     if not isinstance(value, cls):

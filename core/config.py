@@ -12,7 +12,7 @@ blocks x block shape). Two kinds exist:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Tuple, Union
 
 from .checks import positive_int
 
@@ -137,17 +137,22 @@ class CacheConfig:
         positive_int("num_blocks", num_blocks)
         return (self.num_layers, num_blocks) + self.states[name].block_shape(self.num_spec)
 
-    def check_pools(self, pools: Mapping[str, Tuple[Tuple[int, ...], str]]) -> None:
-        """Check pools against the config before any launch, for every backend: ``pools``
-        maps a pool name to its ``(shape, dtype name)``. Every name of ``states`` must be
-        there with shape ``[num_layers, NB >= 1, *block_shape]`` (which also fixes the conv
-        layout) and the spec's dtype. Entries that are not states are ignored (a caller
-        may keep other arrays in the same mapping)."""
+    def check_pools(self, pools: Mapping[str, Any],
+                    describe: Callable[[str, Any], Tuple[Tuple[int, ...], str]]) -> None:
+        """Check pools against the config before any launch, for every backend.
+
+        ``pools`` maps pool names to arrays; ``describe(label, array)`` returns an array's
+        ``(shape, dtype name)`` or raises ``TypeError`` for what is not an array of its
+        framework. Every name of ``states`` must be there with shape ``[num_layers, NB >= 1,
+        *block_shape]`` (which also fixes the conv layout) and the spec's dtype. Entries
+        that are not states are ignored: a caller may keep other arrays in the mapping."""
+        if not isinstance(pools, Mapping):
+            raise TypeError(f"pools must map state names to arrays, got {type(pools).__name__}")
         for name, spec in self.states.items():
             if name not in pools:
                 raise KeyError(f"pools has no entry {name!r} (config states: "
                                f"{sorted(self.states)})")
-            shape, dtype = pools[name]
+            shape, dtype = describe(f"pools[{name!r}]", pools[name])
             want = spec.block_shape(self.num_spec)
             shape = tuple(int(s) for s in shape)
             if len(shape) != 2 + len(want) or shape[2:] != want or shape[0] != self.num_layers \

@@ -19,7 +19,7 @@ from .config import ConvSpec
 from .copy_ref import CopyPlan, apply_copy, postprocess_copy_plan, precopy_plan
 from .scheduler import Scheduler
 from .step_batch import CachedBlock, StepBatch
-from .resolve import KernelBlocks, check_mode, resolve_blocks
+from .resolve import KernelBlocks, Mode, check_mode, resolve_blocks
 from .symbolic import Labels, RowReads, conv_rows, symbolic_config, symbolic_forward
 from .symbolic import symbolic_pools
 
@@ -124,7 +124,7 @@ class SymbolicRunner:
         nc_before = np.where(live, state.num_computed[np.where(live, idx, 0)], 0)
         state, pre = preprocess(state, idx, q, b_size)
         pre_plan = None
-        if self.mode == "pre-copy":
+        if self.mode is Mode.PRE_COPY:
             pre_plan = precopy_plan(bt, idx, pre)
             self._copy(pre_plan)
         blocks = resolve_blocks(bt, idx, state, pre, q, spec, s, self.mode)

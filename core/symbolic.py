@@ -5,7 +5,7 @@ summarises (label 0 = the empty prefix, i.e. the zero state). The symbolic forwa
 follows docs/semantics.md §4 to the row: it reads the initial temporal state and the conv history
 from the resolved read blocks, extends the labels token by token, and writes candidates and
 the new conv window to the write blocks. Copies run through the real reference
-(:mod:`.copy_ref`) on these label pools. A wrong read slot, a lost snapshot or a bad copy
+(:mod:`.copy_ref`) on these label pools. A wrong read block, a lost snapshot or a bad copy
 therefore shows up as a wrong label, which :mod:`.simulate` compares against the labels of
 the true token prefixes.
 """

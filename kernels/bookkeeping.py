@@ -34,7 +34,7 @@ ROWS_PER_PROGRAM = 128
 @triton.jit
 def add_requests_kernel(
     slots_ptr,
-    new_computed_ptr,
+    num_computed_new_ptr,
     state_idx_in_ptr,
     acc_in_ptr,
     num_computed_in_ptr,
@@ -50,7 +50,7 @@ def add_requests_kernel(
     m = i < num_new
     slot = tl.load(slots_ptr + i, mask=m, other=-1).to(tl.int64)
     m = m & (slot >= 0) & (slot < num_slots)  # an out-of-range slot writes nothing
-    nc = tl.load(new_computed_ptr + i, mask=m, other=0).to(tl.int64)
+    nc = tl.load(num_computed_new_ptr + i, mask=m, other=0).to(tl.int64)
     col = tl.where(nc > 0, (nc - 1) // block_size, -1)
     tl.store(state_idx_ptr + slot, col.to(state_idx_ptr.dtype.element_ty), mask=m)
     tl.store(acc_ptr + slot, tl.full(i.shape, 1, acc_ptr.dtype.element_ty), mask=m)
@@ -77,7 +77,7 @@ def _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
 
 @triton.jit
 def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_stride, max_cols,
-                     tsrc_ptr, csrc_ptr, dst_ptr, shift_ptr, r, in_batch):
+                     tsrc_ptr, csrc_ptr, dst_ptr, bias_ptr, r, in_batch):
     """``copy_block(src_col, dst_col, bias)`` resolved to physical blocks where ``on``:
     temporal ``bt[src_col + bias]``, conv ``bt[src_col]``, destination ``bt[dst_col]``."""
     tl.store(tsrc_ptr + r, _gather_col(block_table_ptr, slot, src_col + bias, bt_stride, max_cols, on),
@@ -86,7 +86,7 @@ def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_strid
              mask=in_batch)
     tl.store(dst_ptr + r, _gather_col(block_table_ptr, slot, dst_col, bt_stride, max_cols, on),
              mask=in_batch)
-    tl.store(shift_ptr + r, tl.where(on, bias, 0), mask=in_batch)
+    tl.store(bias_ptr + r, tl.where(on, bias, 0), mask=in_batch)
 
 
 @triton.jit
@@ -132,7 +132,7 @@ def postprocess_kernel(
     acc_in_ptr,
     num_computed_in_ptr,
     num_rows,
-    num_slots,  # rows of the per-slot arrays and of the block table, whichever is fewer
+    num_slots,  # rows of the per-slot arrays (the block table has at least as many)
     block_size,
     bt_stride,
     max_cols,
@@ -205,7 +205,7 @@ def batch_rows(idx_mapping: ArraySpec, query_len: ArraySpec,
     return rows
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)
 def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
                       slots: ArraySpec, num_computed_new: ArraySpec, *,
                       block_size: int) -> LaunchPlan:
@@ -226,7 +226,7 @@ def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArrayS
     )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)
 def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
                      idx_mapping: ArraySpec, query_len: ArraySpec, is_spec: ArraySpec,
                      num_sampled: ArraySpec, block_table: ArraySpec, *,

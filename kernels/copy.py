@@ -150,7 +150,6 @@ def _split(units: int, work: int, target: int) -> int:
     return min(s, work)
 
 
-@functools.lru_cache(maxsize=256)
 def temporal_tiling(num_rows: int, num_layers: int, block_numel: int, itemsize: int,
                     align: int = 1) -> dict:
     """Grid and tiling for the temporal copy: 4 KiB tiles (one 16-byte vector per thread
@@ -179,7 +178,6 @@ def temporal_tiling(num_rows: int, num_layers: int, block_numel: int, itemsize: 
             "num_warps": max(1, min(8, tile * itemsize // 512))}
 
 
-@functools.lru_cache(maxsize=256)
 def conv_tiling(num_rows: int, num_layers: int, width: int, dim: int, itemsize: int,
                 layout: str, align: int = 1) -> dict:
     """Grid and tiling for the conv shift-copy: rows x layers on axis 0, runs of channel
@@ -215,7 +213,7 @@ def _copy_rows(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, *more: Tuple[str
     return rows
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)
 def plan_copy_temporal(pool: ArraySpec, src: ArraySpec, dst: ArraySpec) -> LaunchPlan:
     check_pool("pool", pool, pool.shape[2:])
     rows = _copy_rows(pool, src, dst)
@@ -235,7 +233,7 @@ def plan_copy_temporal(pool: ArraySpec, src: ArraySpec, dst: ArraySpec) -> Launc
     )
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)
 def plan_copy_conv(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, bias: ArraySpec, *,
                    layout: str) -> LaunchPlan:
     check_layout(layout)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import re
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 #: Grid axes 1 and 2 are limited to 65 535 programs; only axis 0 may grow with the batch.
@@ -37,6 +38,12 @@ class ArraySpec:
     shape: Tuple[int, ...]
     dtype: str
     strides: Tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        # hashable and exact: plans are cached on specs
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        object.__setattr__(self, "dtype", str(self.dtype))
 
     @classmethod
     def row_major(cls, shape: Sequence[int], dtype: str) -> "ArraySpec":
@@ -82,6 +89,8 @@ class LaunchPlan:
     skip: bool = False  # nothing to compute: outputs allocated, in-place arrays untouched
 
     def __post_init__(self) -> None:
+        for f in ("out_specs", "constexprs", "aliases", "views"):  # plans are cached, shared
+            object.__setattr__(self, f, MappingProxyType(dict(getattr(self, f))))
         if not self.grid or self.grid[0] > MAX_GRID_X or any(g > MAX_GRID_YZ for g in self.grid[1:]):
             raise ValueError(f"grid {self.grid} exceeds the hardware limits")
         missing = [n for n in self.outputs if n not in self.aliases and n not in self.out_specs]
@@ -169,7 +178,10 @@ class Op:
         out = {}
         for s in self.statics:
             if s.name in given:
-                out[s.name] = given[s.name]
+                v = out[s.name] = given[s.name]
+                if not isinstance(v, s.type) or (s.type is int and isinstance(v, bool)):
+                    raise TypeError(f"{self.name}() option {s.name} must be {s.type.__name__}, "
+                                    f"got {v!r}")
             elif s.default is not None:
                 out[s.name] = s.default
             else:

@@ -26,7 +26,7 @@ def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_
                   col, acc, bt_stride, max_cols, temporal_read_ptr, conv_read_ptr,
                   conv_read_bias_ptr, temporal_write_ptr, conv_write_ptr, WIN: tl.constexpr,
                   WIN_PAD: tl.constexpr, COPY_FREE: tl.constexpr):
-    """Read and write slots of this program's rows from their bookkeeping, stored."""
+    """The read and write blocks of this program's rows from their bookkeeping, stored."""
     spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
     fresh = src_col < 0
     w0 = _gather_col(block_table_ptr, slot, col, bt_stride, max_cols, live)  # window column 0
@@ -48,7 +48,7 @@ def _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_
     tl.store(conv_read_bias_ptr + r, c_off, mask=in_batch)
     tl.store(conv_write_ptr + r, w0, mask=in_batch)
 
-    # write slots: spec rows window columns 0 .. T-1, non-spec rows column 0 only
+    # write blocks: spec rows window columns 0 .. T-1, non-spec rows column 0 only
     j = tl.arange(0, WIN_PAD).to(tl.int64)
     n_writes = tl.where(spec, q, 1)
     wmask = live[:, None] & (j[None, :] < n_writes[:, None])
@@ -92,7 +92,7 @@ def preprocess_resolve_kernel(
     BLOCK: tl.constexpr,
     COPY_FREE: tl.constexpr,
 ):
-    # preprocess then resolve, one launch: a row's slots depend on its own bookkeeping only
+    # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only
     r, in_batch, slot, live, q, src_col, src_bias, col, acc = _preprocess_rows(
         idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr, num_rows, num_slots,
         block_size, bt_stride, max_cols, src_col_ptr, src_bias_ptr, run_col_ptr, copy_tsrc_ptr,
@@ -106,7 +106,7 @@ PER_ROW = ("src_col", "src_bias", "run_col", "copy_tsrc", "copy_csrc", "copy_dst
            "temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)
 def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
                             idx_mapping: ArraySpec, query_len: ArraySpec, is_spec: ArraySpec,
                             block_table: ArraySpec, *, block_size: int, num_spec: int,

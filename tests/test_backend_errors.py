@@ -186,9 +186,46 @@ def test_pools_are_checked_against_the_config(a, change, exc, match):
 
 def test_extra_pool_entries_are_ignored_by_both(a):
     pools = pools_of(a.name)
-    pools["scratch"] = a.f32(3)  # not a state of the config: neither checked nor copied
+    scratch = a.f32(3)  # not a state of the config: neither checked nor copied
+    pools["scratch"] = scratch
     out = preprocess(a, pools)
-    assert out is not None
+    if a.name == "jax":
+        assert out[1]["scratch"] is scratch  # passed through as it was
+    else:
+        assert torch.equal(pools["scratch"], torch.arange(3.0, device=DEV))
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (None, TypeError, r"pools\['ssm'\] must be a"),
+    ([[0.0]], TypeError, r"pools\['ssm'\] must be a"),
+])
+def test_pools_that_are_not_arrays_are_rejected(a, bad, exc, match):
+    pools = dict(pools_of(a.name), ssm=bad)
+    with pytest.raises(exc, match=match):
+        preprocess(a, pools)
+    with pytest.raises(TypeError, match="pools must map state names to arrays"):
+        preprocess(a, list(pools_of(a.name).values()))
+
+
+def test_an_empty_step_through_both_runners(a):
+    # no rows (an idle step): nothing launched, empty per-row results, nothing changed
+    pools = pools_of(a.name)
+    bt = a.ids(*BT.flat, shape=BT.shape)
+    none, flags = a.ids(), a.flags(0)
+    if a.name == "torch":
+        r = StateRunner(CFG, 4, DEV)
+        blocks = r.preprocess(pools, none, none, flags, bt)
+        cache = r.postprocess(pools, none, none, flags, none, bt)
+        state = [r.state_idx, r.acc, r.num_computed]
+    else:
+        st, pools2, blocks = mj.preprocess(mj.init_state(4), pools, none, none, flags, bt,
+                                           config=CFG)
+        st, _, cache = mj.postprocess(st, pools2, none, none, flags, none, bt, config=CFG)
+        state = list(st)
+    assert tuple(blocks.temporal_write.shape) == (0, 1 + CFG.num_spec)
+    assert tuple(cache.shape) == (0,)
+    assert [np.asarray(x.cpu() if a.name == "torch" else x).tolist() for x in state] == \
+        [[-1] * 4, [1] * 4, [0] * 4]
 
 
 def test_runner_options_are_checked(a):

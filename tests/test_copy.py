@@ -76,14 +76,7 @@ def test_random_plans_match_the_elementwise_reading(backend):
         nb = data.draw(st.integers(4, 12))
         k, s = data.draw(st.integers(2, 4)), data.draw(st.integers(0, 3))
         w = k - 1 + s
-        rows = data.draw(st.integers(1, nb // 2))
-        blocks = rng.permutation(np.arange(1, nb))
-        dst = blocks[:rows]
-        in_place = data.draw(st.lists(st.booleans(), min_size=rows, max_size=rows))
-        c_src = [int(dst[r]) if in_place[r] else int(rng.choice(blocks[rows:]))
-                 for r in range(rows)]
-        c_src = [-1 if data.draw(st.booleans()) else c for c in c_src]
-        p = copy_plan(c_src, c_src, dst, [data.draw(st.integers(0, s)) for _ in range(rows)])
+        p = random_copy_plan(rng, data.draw(st.integers(1, (nb - 1) // 2)), nb, s)
         pool = random_pool(rng, (2, nb, w, 3) if layout == "SD" else (2, nb, 3, w), np.float32)
         got = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
         assert same_bytes(got, loop_conv(pool, p, layout))

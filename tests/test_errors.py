@@ -200,7 +200,7 @@ CASES = [
     ("running_column", "num_tokens", np.array([5, 0]), V, None),
     ("running_column", "num_tokens", np.array([5]), V, None),
     ("running_column", "state_idx", np.array([0, -2]), V, None),
-    # --- slot resolution ---------------------------------------------------------------
+    # --- block resolution --------------------------------------------------------------
     ("window_blocks", "run_col", np.array([2, -1]), V, None),  # length != idx_mapping
     ("window_blocks", "run_col", np.array([4, -1, 0]), V, "block table"),  # 4 + S > 4
     ("window_blocks", "num_spec", -1, V, None),

@@ -1,5 +1,6 @@
-"""ARCHITECTURE.md's import rules, read from the source: core is NumPy only, kernels import
-triton (never a framework), the top-level package imports no framework."""
+"""The import rules of README.md's Layout, read from the source: core is NumPy only, kernels
+import triton and the core's decisions (never a framework, never a backend), the top-level
+package imports no framework; data flows core -> kernels -> backends, never back."""
 
 import ast
 import pathlib
@@ -10,28 +11,43 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FRAMEWORKS = {"torch", "jax", "jaxlib", "jax_triton", "flax"}
-RULES = {
-    "core": FRAMEWORKS | {"triton"},
-    "kernels": FRAMEWORKS,
+RULES = {  # folder -> what its files must not import
+    "core": FRAMEWORKS | {"triton", "kernels", "backends"},
+    "kernels": FRAMEWORKS | {"backends"},
 }
 
 
-def imported_modules(path: pathlib.Path):
-    """Top-level names of every module a file imports (absolute imports only)."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+def imported_modules(path: pathlib.Path, source: str = None):
+    """Top-level names of every module a file imports; a relative import inside the package
+    is named by the package folder it reaches (``core``, ``kernels``, ``backends``)."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield node.lineno, alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level > 0:
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            target = (base / (node.module or "").replace(".", "/")).resolve()
+            parts = target.relative_to(ROOT).parts if ROOT in target.parents else ()
+            for name in ([a.name for a in node.names] if not parts else [None]):
+                if parts:
+                    yield node.lineno, parts[0]
+                elif name:  # `from .. import kernels`: the folder is the imported name
+                    yield node.lineno, name
 
 
-def test_scanner_sees_imports(tmp_path):
+def test_scanner_sees_imports():
     # The scanner must catch every import form, or the rules below could never fail.
-    f = tmp_path / "m.py"
-    f.write_text("import torch\nfrom jax import numpy\nimport numpy as np\ndef f():\n    import triton\n")
-    assert [m for _, m in imported_modules(f)] == ["torch", "jax", "numpy", "triton"]
+    source = ("import torch\nfrom jax import numpy\nimport numpy as np\ndef f():\n"
+              "    import triton\nfrom ..kernels import plan\nfrom .. import backends\n"
+              "from .config import CacheConfig\n")
+    # a file of core/ (not written: relative imports resolve from its folder)
+    got = [m for _, m in sorted(imported_modules(ROOT / "core" / "probe.py", source))]
+    assert got == ["torch", "jax", "numpy", "triton", "kernels", "backends", "core"]
 
 
 @pytest.mark.parametrize("folder", sorted(RULES))
@@ -48,7 +64,7 @@ def test_folder_imports(folder):
 
 
 def test_core_imports_only_numpy_and_stdlib():
-    allowed = {"numpy"} | set(sys.stdlib_module_names)
+    allowed = {"numpy", "core"} | set(sys.stdlib_module_names)
     bad = [
         f"{p.relative_to(ROOT)}:{line} imports {mod}"
         for p in sorted((ROOT / "core").rglob("*.py"))

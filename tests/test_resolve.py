@@ -76,7 +76,7 @@ def test_crossing_row_pre_copy_reads_new_window_column_zero(backend):
 
 def test_crossing_row_copy_free_reads_old_column(backend):
     _, plan, k = resolve(backend, 1, 2, 6, 3, True, "copy-free")
-    # temporal bt[src_col + src_bias] = bt[2], which is also write slot 0 (read before write)
+    # temporal bt[src_col + src_bias] = bt[2], which is also write block 0 (read before write)
     assert (k.temporal_read[0], k.conv_read[0], k.conv_read_bias[0]) == (12, 11, 1)
     assert k.temporal_write[0].tolist() == [12, 13, 14]
 

@@ -305,7 +305,7 @@ def test_checker_detects_a_missing_postprocess_copy():
         sim.postprocess_copy_plan = orig
 
 
-def test_checker_detects_a_wrong_read_slot():
+def test_checker_detects_a_wrong_read_block():
     cfg = make_config(4, 2)
     sched = Scheduler(cfg, 32, 1, 16, 64, drafter=seeded_drafter(0))
     sched.add_request(0, [1, 2, 3, 4, 5], list(range(10, 30)))

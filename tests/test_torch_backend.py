@@ -1,60 +1,48 @@
 """What only the torch backend has (the ops themselves are checked three ways in the
 per-operation test files): every op is a ``torch.library`` custom op with a fake
 implementation, so a whole step compiles with ``torch.compile(fullgraph=True)`` and gives
-what the eager step gives. Runs on the CPU (inductor, the kernels in Triton's interpreter)
+what the eager step gives, at any batch size. Runs on the CPU (inductor, the kernels in Triton's interpreter)
 and on the GPU; CUDA-graph capture and host synchronisation are in ``test_torch_gpu.py``."""
 
 import re
 
+import pytest
 import torch
+from support import run_step, seed_runner, step_config, step_inputs, step_pools
 
 from mamba_align import kernels as K
 from mamba_align.backends.torch import StateRunner
-from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_step(runner, pools, idx, ql, is_spec, bt, ns):
-    b = runner.preprocess(pools, idx, ql, is_spec, bt)
-    c = runner.postprocess(pools, idx, ql, is_spec, ns, bt)
-    return [b.temporal_read, b.conv_read, b.conv_read_bias, b.temporal_write, b.conv_write, c]
-
-
 def test_every_op_is_a_custom_op_with_its_mutations_and_outputs():
     for op in K.OPS:
-        schema = str(getattr(torch.ops.mamba_align, op.name + "_").default._schema)
+        name = op.name + ("_" if op.mutates else "")  # the backend's naming rule
+        schema = str(getattr(torch.ops.mamba_align, name).default._schema)
         args = re.findall(r"Tensor(\(\w!\))? (\w+)", schema.split(" -> ")[0])
         assert [n for _, n in args] == list(op.arrays)
         assert {n for alias, n in args if alias} == set(op.mutates)
         assert schema.endswith(" -> (" + ", ".join(["Tensor"] * len(op.returns)) + ")")
 
 
-def test_torch_compile_of_a_step():
-    cfg = CacheConfig(4, 2, 3, {"conv": ConvSpec(4, 16, "SD", "bfloat16"),
-                                "ssm": TemporalSpec((2, 4, 4), "float32")})
-    rows, slots, cols, nb = 6, 8, 12, 8 * 12 + 1
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_torch_compile_of_a_step_at_several_batch_sizes(mode):
+    # the second batch size makes torch mark the row dimension dynamic: the fakes then see
+    # symbolic sizes
+    cfg = step_config(dim=16, ssm=(2, 4, 4))
+    slots, cols, nb = 8, 12, 8 * 12 + 1
     gen = torch.Generator().manual_seed(3)
-    a, b = StateRunner(cfg, slots, DEV), StateRunner(cfg, slots, DEV)
-    for r in (a, b):
-        nc = torch.randint(0, 40, (slots,), generator=torch.Generator().manual_seed(4))
-        r.add_requests(torch.arange(slots, dtype=torch.int32, device=DEV), nc.to(DEV, torch.int32))
-    g = torch.Generator().manual_seed(0)
-    pools = {n: torch.randn(cfg.pool_shape(n, nb), generator=g).to(getattr(torch, s.dtype))
-             for n, s in cfg.states.items()}
-    pa = {n: p.to(DEV) for n, p in pools.items()}
-    pb = {n: p.to(DEV) for n, p in pools.items()}
-    spec = torch.ones(rows, dtype=torch.bool, device=DEV)
+    a, b = StateRunner(cfg, slots, DEV, mode), StateRunner(cfg, slots, DEV, mode)
+    seed_runner(a, 4, slots)
+    seed_runner(b, 4, slots)
+    pa, pb = step_pools(cfg, nb, DEV), step_pools(cfg, nb, DEV)
     compiled = torch.compile(run_step, fullgraph=True)
-    for _ in range(2):
-        idx = torch.randperm(slots, generator=gen)[:rows]
-        ql = torch.randint(1, 4, (rows,), generator=gen)
-        bt = (torch.randperm(nb - 1, generator=gen)[: slots * cols] + 1).view(slots, cols)
-        ns = torch.minimum(torch.randint(1, 4, (rows,), generator=gen), ql)
-        step = [x.to(DEV, torch.int32) for x in (idx, ql)] + [spec] + \
-            [x.to(DEV, torch.int32) for x in (bt, ns)]
-        got = compiled(a, pa, *step)
-        want = run_step(b, pb, *step)
+    for rows in (6, 3, 5):
+        idx, ql, bt, ns = step_inputs(gen, rows, slots, cols, nb, 2, DEV)
+        spec = torch.ones(rows, dtype=torch.bool, device=DEV)
+        got = compiled(a, pa, idx, ql, spec, bt, ns)
+        want = run_step(b, pb, idx, ql, spec, bt, ns)
         for x, y in zip(got, want):
             assert torch.equal(x, y)
         for f in ("state_idx", "acc", "num_computed"):

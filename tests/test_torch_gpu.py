@@ -4,6 +4,7 @@ and replay of a whole step (torch.compile of a step: ``test_torch_backend.py``).
 
 import pytest
 import torch
+from support import run_step, seed_runner, step_config, step_inputs, step_pools
 
 from mamba_align.backends.torch import StateRunner
 from mamba_align.backends.torch import ops
@@ -66,45 +67,13 @@ def test_grid_beyond_65535_request_layer_programs():
     assert torch.equal(pool, want_t) and torch.equal(conv, want_c)
 
 
-def conv_ssm_config(S=2):
-    return CacheConfig(4, S, 3, {"conv": ConvSpec(4, 64, "SD", "bfloat16"),
-                                 "ssm": TemporalSpec((2, 16, 16), "float32")})
-
-
-def make_step_inputs(gen, rows, slots, cols, nb, S):
-    """A valid random step: distinct slots, -1 padding rows, block tables of distinct ids."""
-    perm = torch.randperm(slots, generator=gen)[:rows]
-    idx = torch.where(torch.rand(rows, generator=gen) < 0.2, -1, perm)
-    ql = torch.randint(1, S + 2, (rows,), generator=gen)
-    bt = (torch.randperm(nb - 1, generator=gen)[: slots * cols] + 1).view(slots, cols)
-    ns = torch.minimum(torch.randint(0, S + 2, (rows,), generator=gen), ql)
-    return [t.to(DEV).to(torch.int32) for t in (idx, ql, bt, ns)]
-
-
-def seeded(runner, gen, slots):
-    nc = torch.randint(0, 40, (slots,), generator=gen).to(DEV)
-    runner.add_requests(torch.arange(slots, device=DEV, dtype=torch.int32), nc.to(torch.int32))
-
-
-def fresh_pools(cfg, nb):
-    g = torch.Generator(device=DEV).manual_seed(0)
-    return {n: torch.randn(cfg.pool_shape(n, nb), device=DEV, generator=g).to(
-        torch.bfloat16 if n == "conv" else torch.float32) for n in cfg.states}
-
-
-def run_step(runner, pools, idx, ql, is_spec, bt, ns):
-    s = runner.preprocess(pools, idx, ql, is_spec, bt)
-    c = runner.postprocess(pools, idx, ql, is_spec, ns, bt)
-    return [s.temporal_read, s.conv_read, s.conv_read_bias, s.temporal_write, s.conv_write, c]
-
-
 def test_a_step_never_synchronises_with_the_host():
-    cfg = conv_ssm_config()
+    cfg = step_config()
     gen = torch.Generator().manual_seed(1)
     runner = StateRunner(cfg, 16, DEV)
-    seeded(runner, gen, 16)
-    pools = fresh_pools(cfg, 16 * 12 + 1)
-    idx, ql, bt, ns = make_step_inputs(gen, 12, 16, 12, 16 * 12 + 1, 2)
+    seed_runner(runner, 1, 16)
+    pools = step_pools(cfg, 16 * 12 + 1, DEV)
+    idx, ql, bt, ns = step_inputs(gen, 12, 16, 12, 16 * 12 + 1, 2, DEV)
     spec = torch.ones(12, dtype=torch.bool, device=DEV)
     run_step(runner, pools, idx, ql, spec, bt, ns)  # compile outside the check
     torch.cuda.synchronize()
@@ -119,15 +88,15 @@ def test_a_step_never_synchronises_with_the_host():
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
 def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
-    cfg = conv_ssm_config()
+    cfg = step_config()
     rows, slots, cols, nb = 24, 32, 12, 32 * 12 + 1
     gen = torch.Generator().manual_seed(2)
     graph_runner = StateRunner(cfg, slots, DEV, mode)
     eager_runner = StateRunner(cfg, slots, DEV, mode)
-    seeded(graph_runner, torch.Generator().manual_seed(9), slots)
-    seeded(eager_runner, torch.Generator().manual_seed(9), slots)
-    g_pools, e_pools = fresh_pools(cfg, nb), fresh_pools(cfg, nb)
-    static = make_step_inputs(gen, rows, slots, cols, nb, 2)
+    seed_runner(graph_runner, 9, slots)
+    seed_runner(eager_runner, 9, slots)
+    g_pools, e_pools = step_pools(cfg, nb, DEV), step_pools(cfg, nb, DEV)
+    static = step_inputs(gen, rows, slots, cols, nb, 2, DEV)
     spec = torch.ones(rows, dtype=torch.bool, device=DEV)
     # warm up (compiles) on a side stream, as CUDA graphs require, then restore the state
     saved = [t.clone() for t in (graph_runner.state_idx, graph_runner.acc, graph_runner.num_computed)]
@@ -147,7 +116,7 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
         outs = run_step(graph_runner, g_pools, static[0], static[1], spec, static[2], static[3])
     # capture does not execute: replay three steps with new inputs, eager alongside
     for step in range(3):
-        new = make_step_inputs(gen, rows, slots, cols, nb, 2)
+        new = step_inputs(gen, rows, slots, cols, nb, 2, DEV)
         for st, nv in zip(static, new):
             st.copy_(nv)
         graph.replay()

@@ -122,7 +122,13 @@ def _launch_interpreter(plan, inputs, scalar_values, specs):
     fn = _CPU_FNS.get(key)
     if fn is None:
         fn = _CPU_FNS[key] = jax.jit(_interpreter_callback(plan, scalar_values, specs))
-    return fn(*inputs)
+    outs = fn(*inputs)
+    if not any(isinstance(x, jax.core.Tracer) for x in inputs):
+        # an eager launch completes before it returns: a script may otherwise end while its
+        # host callback is still to run, and a callback run during interpreter shutdown
+        # aborts the process ("terminate called without an active exception")
+        jax.block_until_ready(outs)
+    return outs
 
 
 def _interpreter_callback(plan, scalar_values, specs):

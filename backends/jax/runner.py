@@ -15,6 +15,7 @@ from typing import Dict, NamedTuple, Tuple, Union
 import jax
 import jax.numpy as jnp
 
+from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
 from ...core.resolve import Mode, check_mode
 from . import ops
@@ -46,26 +47,29 @@ Pools = Dict[str, jax.Array]
 
 
 def init_state(num_slots: int, dtype=jnp.int32) -> SlotArrays:
-    """Empty bookkeeping: ``state_idx = -1``, ``acc = 1``, ``num_computed = 0``."""
-    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-        raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
+    """Empty bookkeeping: ``state_idx = -1``, ``acc = 1``, ``num_computed = 0``, each
+    ``[num_slots]`` of ``dtype`` (int32, or int64 with x64)."""
+    positive_int("num_slots", num_slots)
+    index_dtype("dtype", jnp.dtype(dtype).name)
     return SlotArrays(jnp.full((num_slots,), -1, dtype), jnp.ones((num_slots,), dtype),
                       jnp.zeros((num_slots,), dtype))
 
 
+def _describe(label: str, pool) -> tuple:
+    spec = ops.spec(label, pool)
+    return spec.shape, spec.dtype
+
+
 def _check(config: CacheConfig, pools: Pools) -> None:
-    if not isinstance(config, CacheConfig):
-        raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
-    if not hasattr(pools, "items"):
-        raise TypeError(f"pools must map state names to arrays, got {type(pools).__name__}")
-    config.check_pools({n: (tuple(p.shape), ops.spec(f"pools[{n!r}]", p).dtype)
-                        for n, p in pools.items() if n in config.states})
+    instance("config", config, CacheConfig)
+    config.check_pools(pools, _describe)
 
 
 def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *,
                  config: CacheConfig) -> SlotArrays:
     """Seed ``slots`` ([n] int32/int64) with their computed tokens ``num_computed`` ([n]:
     0 fresh, k·B on a prefix hit)."""
+    instance("config", config, CacheConfig)
     out = ops.add_requests(*state, slots, num_computed, block_size=config.block_size)
     return SlotArrays(out["state_idx"], out["acc"], out["num_computed"])
 

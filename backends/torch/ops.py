@@ -53,8 +53,11 @@ def _device(arrays: Mapping[str, Tensor]) -> torch.device:
     return dev
 
 
-def _plan(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> K.LaunchPlan:
-    return op.plan(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
+def _plan(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any],
+          cached: bool = True) -> K.LaunchPlan:
+    # fake tensors under torch.compile may have symbolic sizes, which the cache cannot hash
+    build = op.plan if cached else getattr(op.plan, "__wrapped__", op.plan)
+    return build(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
 
 
 def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> Dict[str, Tensor]:
@@ -68,6 +71,8 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
         args = dict(arrays, **outs)
         for n, d in plan.views.items():  # copies see pools as same-width integers
             args[n] = arrays[n].view(dtype(d))
+        for out, src in plan.aliases.items():  # in place: the input passed twice
+            args[out] = args[src]
         plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, num_warps=plan.num_warps)
     return outs
 
@@ -102,11 +107,12 @@ def _register(op: K.Op, name: str):
         return tuple(outs[n] for n in op.returns) if op.returns else None
 
     def fake(*args):
+        if not op.returns:
+            return None
         arrays = dict(zip(op.arrays, args[:k]))
-        plan, dev = _plan(op, arrays, dict(zip(_names(op), args[k:]))), _device(arrays)
-        outs = [plan.out_specs[n] for n in op.returns]
-        return tuple(torch.empty(o.shape, dtype=dtype(o.dtype), device=dev)
-                     for o in outs) if outs else None
+        plan = _plan(op, arrays, dict(zip(_names(op), args[k:])), cached=False)
+        return tuple(torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
+                                 device=_device(arrays)) for n in op.returns)
 
     custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
                                      schema=_schema(op))

@@ -17,6 +17,8 @@ from typing import Mapping, Union
 
 import torch
 
+from ...core.checks import index_dtype as index_dtype_name
+from ...core.checks import instance, positive_int
 from ...core.config import CacheConfig
 from ...core.resolve import Mode, check_mode
 from . import ops
@@ -58,13 +60,12 @@ class StateRunner:
     def __init__(self, config: CacheConfig, num_slots: int, device,
                  mode: Union[Mode, str] = Mode.PRE_COPY,
                  index_dtype: torch.dtype = torch.int32) -> None:
-        if not isinstance(config, CacheConfig):
-            raise TypeError(f"config must be a CacheConfig, got {type(config).__name__}")
+        instance("config", config, CacheConfig)
         self.mode = check_mode(mode)
-        if index_dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"index_dtype must be torch.int32 or torch.int64, got {index_dtype}")
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
-            raise ValueError(f"num_slots must be an int >= 1, got {num_slots!r}")
+        if not isinstance(index_dtype, torch.dtype):
+            raise TypeError(f"index_dtype must be a torch.dtype, got {index_dtype!r}")
+        index_dtype_name("index_dtype", ops.dtype_name(index_dtype))
+        positive_int("num_slots", num_slots)
         self.config = config
         self.state_idx = torch.full((num_slots,), -1, dtype=index_dtype, device=device)
         self.device = self.state_idx.device  # resolved: "cuda" -> cuda:0
@@ -74,16 +75,14 @@ class StateRunner:
 
     def check_pools(self, pools: Mapping[str, torch.Tensor]) -> None:
         """The config's check of every pool (``CacheConfig.check_pools``), and the device."""
-        meta = {}
-        for name in self.config.states:
-            pool = pools.get(name) if isinstance(pools, Mapping) else None
-            if isinstance(pool, torch.Tensor):
-                if pool.device != self.device:
-                    raise ValueError(f"pools[{name!r}] is on {pool.device}, expected {self.device}")
-                meta[name] = (tuple(pool.shape), ops.dtype_name(pool.dtype))
-            elif pool is not None:
-                raise TypeError(f"pools[{name!r}] must be a torch.Tensor, got {type(pool).__name__}")
-        self.config.check_pools(meta)
+        self.config.check_pools(pools, self._describe)
+
+    def _describe(self, label: str, pool) -> tuple:
+        if not isinstance(pool, torch.Tensor):
+            raise TypeError(f"{label} must be a torch.Tensor, got {type(pool).__name__}")
+        if pool.device != self.device:
+            raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
+        return tuple(pool.shape), ops.dtype_name(pool.dtype)
 
     def add_requests(self, slots: torch.Tensor, num_computed: torch.Tensor) -> None:
         """Seed request slots (``[n]`` int) with their computed tokens (0 = fresh, a

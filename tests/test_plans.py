@@ -1,0 +1,76 @@
+"""The operations' declarations (``mamba_align.kernels.OPS``) agree with the plans their
+builders return, and plans are safe to cache: every backend's launcher trusts both."""
+
+import dataclasses
+
+import pytest
+
+from mamba_align import kernels as K
+
+IDS = K.ArraySpec.row_major((3,), "int64")
+SAMPLE_ARRAYS = {  # a valid call of every op, by parameter name
+    "state_idx": K.ArraySpec.row_major((4,), "int32"),
+    "acc": K.ArraySpec.row_major((4,), "int32"),
+    "num_computed": K.ArraySpec.row_major((4,), "int32"),
+    "slots": IDS, "num_computed_new": IDS, "idx_mapping": IDS, "query_len": IDS,
+    "is_spec": K.ArraySpec.row_major((3,), "bool"), "num_sampled": IDS,
+    "block_table": K.ArraySpec.row_major((4, 6), "int32"),
+    "pool": K.ArraySpec.row_major((2, 5, 3, 8), "bfloat16"),
+    "src": IDS, "dst": IDS, "bias": IDS,
+}
+SAMPLE_STATICS = {"block_size": 4, "num_spec": 2, "mode": "copy-free", "layout": "SD"}
+
+
+def sample_plan(op, **change):
+    arrays = {n: change.get(n, SAMPLE_ARRAYS[n]) for n in op.arrays}
+    statics = {s.name: change.get(s.name, SAMPLE_STATICS[s.name]) for s in op.statics}
+    return op.plan(**arrays, **statics)
+
+
+@pytest.mark.parametrize("op", K.OPS, ids=lambda op: op.name)
+def test_declarations_agree_with_the_plans(op):
+    plan = sample_plan(op)
+    assert plan.returned == op.returns  # the torch custom op's outputs, in order
+    assert set(plan.aliases) == set(op.mutates) and set(plan.aliases.values()) <= set(op.arrays)
+    assert set(plan.inputs) == set(op.arrays)
+    assert not plan.skip
+    # the kernel's parameters: inputs, scalars, outputs, then constexprs, in that order
+    names = plan.kernel.arg_names
+    k = len(plan.inputs) + len(plan.scalars) + len(plan.outputs)
+    assert len(names) == k + len(plan.constexprs)
+    assert set(names[k:]) == set(plan.constexprs)
+    ins = names[:len(plan.inputs)]  # an in-place input is named <name>_in_ptr
+    assert [i.removesuffix("_ptr").removesuffix("_in") for i in ins] == list(plan.inputs)
+    scalars = names[len(plan.inputs):len(plan.inputs) + len(plan.scalars)]
+    assert scalars == [n for n, _ in plan.scalars]
+    outs = names[len(plan.inputs) + len(plan.scalars):k]
+    assert [o.removesuffix("_ptr") for o in outs] == list(plan.outputs)
+
+
+@pytest.mark.parametrize("op", K.OPS, ids=lambda op: op.name)
+def test_an_empty_batch_launches_nothing(op):
+    empty = K.ArraySpec.row_major((0,), "int64")
+    rows = {"slots", "num_computed_new", "idx_mapping", "query_len", "num_sampled", "src",
+            "dst", "bias"} & set(op.arrays)
+    change = {n: empty for n in rows}
+    if "is_spec" in op.arrays:
+        change["is_spec"] = K.ArraySpec.row_major((0,), "bool")
+    plan = sample_plan(op, **change)
+    assert plan.skip
+    assert all(o.shape[0] == 0 for o in plan.out_specs.values())
+
+
+def test_plans_are_read_only_and_options_are_typed():
+    plan = sample_plan(K.POSTPROCESS)
+    with pytest.raises(TypeError):
+        plan.constexprs["BLOCK"] = 1  # cached and shared: not writable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.grid = (1,)
+    assert sample_plan(K.POSTPROCESS, block_size=1).scalars[2] == ("block_size", 1)
+    for bad in (True, 1.0, "1"):  # the cache must not answer for a value that would fail
+        with pytest.raises(TypeError, match="block_size must be int"):
+            K.POSTPROCESS.static_values({"block_size": bad})
+    with pytest.raises(ValueError, match="block_size"):
+        sample_plan(K.POSTPROCESS, block_size=True)  # straight to the builder: still refused
+    spec = K.ArraySpec([3], "int64", [1])  # lists become tuples: hashable
+    assert spec == IDS and hash(spec) == hash(IDS)
