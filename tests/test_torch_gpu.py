@@ -129,3 +129,9 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
         for n in g_pools:
             assert torch.equal(g_pools[n].view(torch.int16 if n == "conv" else torch.int32),
                                e_pools[n].view(torch.int16 if n == "conv" else torch.int32))
+
+
+def test_cpu_tensors_on_a_gpu_machine_get_a_clear_error():
+    pool = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="kernels run compiled on CUDA devices"):
+        ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
