@@ -151,7 +151,8 @@ def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> Sl
     """docs/semantics.md §2 step 5. Spec rows: ``acc = max(num_sampled, 1)``, ``num_computed +=
     num_sampled``; non-spec rows: ``acc = 1``, ``num_computed += query_len``.
 
-    ``num_sampled``: int ``[rows]`` with ``0 <= num_sampled <= query_len`` on spec rows;
+    ``num_sampled``: int ``[rows]`` with ``1 <= num_sampled <= query_len`` on spec rows (a
+    spec row's window no longer holds its initial state: 0 cannot be accepted);
     ``is_spec``: bool ``[rows]`` or one bool for the whole batch.
     """
     state = check_slots(state)
@@ -163,6 +164,10 @@ def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> Sl
     live = idx >= 0
     if np.any(ns[live & spec] > q[live & spec]):
         raise ValueError("num_sampled must be <= query_len on spec rows")
+    if np.any(ns[live & spec] < 1):
+        raise ValueError("num_sampled must be >= 1 on spec rows: their window no longer holds "
+                         "the step's initial state (re-admit a discarded request with "
+                         "add_requests)")
     out = state.copy()
     s_rows, n_rows = live & spec, live & ~spec
     out.acc[idx[s_rows]] = np.maximum(ns[s_rows], 1)

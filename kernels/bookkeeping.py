@@ -134,6 +134,7 @@ def postprocess_kernel(
     num_rows,
     num_slots,  # rows of the per-slot arrays (the block table has at least as many)
     block_size,
+    num_spec,
     bt_stride,
     max_cols,
     cache_col_ptr,
@@ -152,10 +153,14 @@ def postprocess_kernel(
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
 
-    # accept: spec rows keep max(num_sampled, 1) candidates, others a single state; a
-    # num_sampled outside [0, query_len] (bad input) is clamped rather than trusted
-    ns = tl.minimum(tl.maximum(ns, 0), q)
-    acc = tl.where(spec, tl.maximum(ns, 1), 1)
+    # a row whose step cannot have written its candidates as docs/semantics.md §2 says
+    # (a spec row with query_len outside [1, 1 + S] or num_sampled outside [1, query_len],
+    # a non-spec row without tokens) changes nothing: no bookkeeping, no copy, no cache
+    fault = (q < 1) | (spec & ((q > 1 + num_spec) | (ns < 1) | (ns > q)))
+    live = live & ~fault
+
+    # accept: spec rows keep num_sampled candidates, others a single state
+    acc = tl.where(spec, ns, 1)
     nc = nc + tl.where(spec, ns, q)
 
     # post-process: the boundary reached by the accepted tokens, if any
@@ -230,8 +235,8 @@ def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArrayS
 def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
                      idx_mapping: ArraySpec, query_len: ArraySpec, is_spec: ArraySpec,
                      num_sampled: ArraySpec, block_table: ArraySpec, *,
-                     block_size: int) -> LaunchPlan:
-    check_step_scalars(block_size)
+                     block_size: int, num_spec: int) -> LaunchPlan:
+    check_step_scalars(block_size, num_spec)
     num_slots = slot_arrays(state_idx, acc, num_computed)
     rows = batch_rows(idx_mapping, query_len, is_spec)
     check_array("num_sampled", num_sampled, (rows,))
@@ -241,8 +246,8 @@ def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySp
         grid=_row_grid(rows),
         inputs=("idx_mapping", "query_len", "is_spec", "num_sampled", "block_table",
                 "state_idx", "acc", "num_computed"),
-        scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size))
-        + table_scalars(block_table, num_slots),
+        scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size),
+                 ("num_spec", num_spec)) + table_scalars(block_table, num_slots),
         outputs=names + ("acc", "num_computed"),
         out_specs={n: Output((rows,), ROW) for n in names},
         constexprs={"BLOCK": ROWS_PER_PROGRAM},
@@ -268,7 +273,7 @@ POSTPROCESS = Op(
     name="postprocess",
     arrays=("state_idx", "acc", "num_computed", "idx_mapping", "query_len", "is_spec",
             "num_sampled", "block_table"),
-    statics=(Static("block_size", int),),
+    statics=(Static("block_size", int), Static("num_spec", int)),
     plan=plan_postprocess,
     mutates=("acc", "num_computed"),
     returns=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"),
@@ -276,5 +281,8 @@ POSTPROCESS = Op(
     ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` are updated in
     place; returns per-row ``cache_col`` (the column whose block may enter the prefix cache,
     -1 if none) and the post-process copy plan ``copy_tsrc``, ``copy_csrc``, ``copy_dst``,
-    ``copy_bias`` (int64 ``[rows]``; int32 in JAX without x64).""",
+    ``copy_bias`` (int64 ``[rows]``; int32 in JAX without x64). A faulty row (a spec row
+    with ``query_len`` outside ``[1, 1 + num_spec]`` or ``num_sampled`` outside ``[1,
+    query_len]``, a non-spec row with ``query_len < 1``) changes nothing and gets
+    ``cache_col = -1``.""",
 )

@@ -115,8 +115,8 @@ class Backend:
     def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
                            mode="pre-copy") -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt,
-                    block_size) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size,
+                    num_spec) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
 
     def copy_temporal(self, pool, src, dst): ...
 
@@ -140,8 +140,8 @@ class Reference(Backend):
         out.update({f: getattr(blocks, f) for f in BLOCKS})
         return new, out
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
-        spec = np.asarray(is_spec) != 0
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
+        spec = np.asarray(is_spec) != 0  # (num_spec: the core checks spec rows at resolve)
         mid = accept(state, idx, q, num_sampled, spec)
         new, post = postprocess(mid, idx, block_size)
         cp = postprocess_copy_plan(bt, idx, post)
@@ -213,10 +213,11 @@ class Torch(Backend):
                                            num_spec=num_spec, mode=mode)
         return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
         st = self._state(state)
         out = self.ops.postprocess_(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
-                                    self.ids(num_sampled), self.ids(bt), block_size=block_size)
+                                    self.ids(num_sampled), self.ids(bt), block_size=block_size,
+                                    num_spec=num_spec)
         return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
 
     def copy_temporal(self, pool, src, dst):
@@ -278,11 +279,11 @@ class Jax(Backend):
         out["num_computed"] = st[2]
         return self._split(out)
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size):
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
         st = self._state(state)
         out = dict(self.ops.postprocess(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
                                         self.ids(num_sampled), self.ids(bt),
-                                        block_size=block_size))
+                                        block_size=block_size, num_spec=num_spec))
         out["state_idx"] = st[0]
         return self._split(out)
 

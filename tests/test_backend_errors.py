@@ -100,14 +100,14 @@ CASES = [
     ("preprocess_resolve", lambda a: step(a, block_table=a.ids(*BT[0])), ValueError,
      "block_table must have shape"),
     ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1), a.ids(1, 1),
-                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4}),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1}),
      ValueError, "num_sampled must have shape"),
     ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.f32(1), a.ids(1),
-                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4}),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1}),
      TypeError, "is_spec must have dtype"),
     ("postprocess", lambda a: ((a.ids(0, 0), a.ids(1, 1, 1), a.ids(0, 0), a.ids(0), a.ids(1),
                                 a.flags(1), a.ids(1), a.ids(*BT.flat, shape=BT.shape)),
-                               {"block_size": 4}), ValueError, "acc must have shape"),
+                               {"block_size": 4, "num_spec": 1}), ValueError, "acc must have shape"),
 ]
 
 
@@ -257,3 +257,25 @@ def test_jax_checks_are_static_under_jit():
     bad = jax.jit(lambda s: mj.ops.copy_temporal(jnp.zeros((1, 4, 2)), s, jnp.zeros(2, jnp.int32)))
     with pytest.raises(ValueError, match="dst must have shape"):
         bad(jnp.zeros(1, jnp.int32))
+
+
+def test_jax_int64_state_without_x64_is_refused_clearly():
+    # JAX without x64 would hand back int32 arrays for int64 ones updated in place
+    state = mj.SlotArrays(np.full(4, -1, np.int64), np.ones(4, np.int64), np.zeros(4, np.int64))
+    with pytest.raises(TypeError, match="state_idx is int64, which JAX without jax_enable_x64"):
+        mj.add_requests(state, np.array([0]), np.array([5]), config=CFG)
+    # read-only int64 NumPy ids are fine (stored as int32), and int32 state works
+    out = mj.add_requests(mj.SlotArrays(*(x.astype(np.int32) for x in state)), np.array([0]),
+                          np.array([5]), config=CFG)
+    assert np.asarray(out.state_idx).tolist() == [1, -1, -1, -1]
+
+
+def test_jax_gradients_through_the_ops_raise():
+    pool = jnp.ones((1, 4, 2, 2))
+    src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)
+    with pytest.raises(TypeError, match="copy_temporal is not differentiable"):
+        jax.grad(lambda p: mj.ops.copy_temporal(p, src, dst)["pool"].sum())(pool)
+    # stopped gradients pass: the op sees a constant
+    g = jax.grad(lambda p: (p + mj.ops.copy_temporal(jax.lax.stop_gradient(p), src, dst)["pool"])
+                 .sum())(pool)
+    assert np.asarray(g).tolist() == np.ones((1, 4, 2, 2)).tolist()

@@ -98,15 +98,16 @@ def test_accept_spec_and_non_spec_rows():
     # the core's accept alone; the kernels fuse it into postprocess (tested below)
     s = slots([0, 0, 0], [1, 1, 1], [4, 10, 3])
     idx, q = np.array([0, 1, 2]), np.array([4, 6, 1])
-    new = accept(s, idx, q, np.array([3, 0, 0]), np.array([True, False, True]))
-    assert new.acc.tolist() == [3, 1, 1]  # spec row with 0 sampled keeps acc >= 1
-    assert new.num_computed.tolist() == [7, 16, 3]
+    new = accept(s, idx, q, np.array([3, 0, 1]), np.array([True, False, True]))
+    assert new.acc.tolist() == [3, 1, 1]  # the non-spec row: acc 1, its whole query counted
+    assert new.num_computed.tolist() == [7, 16, 4]
 
 
 def test_postprocess_accepts_spec_and_non_spec_rows(backend):
     s = slots([1, 3, 0], [1, 1, 1], [4, 10, 3])
     bt = np.arange(3 * 5).reshape(3, 5)
-    new, out = backend.postprocess(s, [0, 1, 2], [4, 6, 1], [True, False, True], [3, 0, 1], bt, 4)
+    new, out = backend.postprocess(s, [0, 1, 2], [4, 6, 1], [True, False, True], [3, 0, 1], bt, 4,
+                                   3)
     # spec rows take num_sampled, the non-spec row its whole query (its num_sampled unused)
     assert new.acc.tolist() == [3, 1, 1] and new.num_computed.tolist() == [7, 16, 4]
     # slot 1's chunk and slot 2's token end on a boundary in their own column: cached as
@@ -132,7 +133,7 @@ def test_postprocess_cases(backend, st_idx, acc, nc, expect):
     # the case's
     bt = np.array([[10, 11, 12, 13, 14]])
     s = slots([st_idx], [1], [nc - acc])
-    new, out = backend.postprocess(s, [0], [acc], [True], [acc], bt, 4)
+    new, out = backend.postprocess(s, [0], [acc], [True], [acc], bt, 4, 3)
     assert new.num_computed[0] == nc
     if expect is None:
         assert out["cache_col"][0] == -1 and out["copy_dst"][0] == -1 and new.acc[0] == acc
@@ -161,7 +162,7 @@ def test_worked_example_number_by_number(backend):
     assert s.state_idx[0] == 0  # (556 - 1) // 560
     s, p = backend.preprocess_resolve(s, [0], [4], [True], bt, B, S)
     assert (p["src_col"][0], p["run_col"][0], p["copy_dst"][0]) == (0, 0, -1)
-    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B)
+    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B, S)
     assert (s.num_computed[0], s.acc[0]) == (558, 2)
     assert post["cache_col"][0] == -1 and post["copy_dst"][0] == -1  # running 557: nothing
 
@@ -174,7 +175,7 @@ def test_worked_example_number_by_number(backend):
     assert [p[n][0] for n in ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")] == [3, 7, 3, 1]
 
     # Accept 2 -> 560: running 559, aligned 560, bias 1, dest 0.
-    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B)
+    s, post = backend.postprocess(s, [0], [4], [True], [2], bt, B, S)
     assert (s.num_computed[0], s.acc[0]) == (560, 2)  # dest != state_idx: acc kept
     assert post["cache_col"][0] == 0
     # temporal window column 1 (bt[2] = 5) -> bt[0]; conv bt[1] shifted by 1 -> bt[0]
@@ -236,7 +237,7 @@ def test_postprocess_matches_the_transcription(backend):
         want_acc, rows = spec_postprocess(mid.state_idx.tolist(), mid.acc.tolist(),
                                           mid.num_computed.tolist(), idx.tolist(), B)
         bt = table(len(st_idx))
-        new, out = backend.postprocess(s, idx, q, np.ones(len(idx), bool), ns, bt, B)
+        new, out = backend.postprocess(s, idx, q, np.ones(len(idx), bool), ns, bt, B, S)
         assert new.acc.tolist() == want_acc
         assert new.num_computed.tolist() == mid.num_computed.tolist()
         for b, row in enumerate(rows):
@@ -266,7 +267,7 @@ BT = np.arange(10, 26).reshape(4, 4)  # slot r owns blocks 10 + 4r .. 13 + 4r
 def test_inconsistent_postprocess_copies_and_caches_nothing_foreign(device_backend, state_idx,
                                                                       acc, nc, q, ns):
     s = slots([state_idx, -1, -1, -1], [acc, 1, 1, 1], [nc, 0, 0, 0])
-    _, out = device_backend.postprocess(s, [0], [q], [1], [ns], BT, 4)
+    _, out = device_backend.postprocess(s, [0], [q], [1], [ns], BT, 4, 3)
     for n in ("copy_tsrc", "copy_csrc", "copy_dst"):
         assert out[n][0] == -1 or 10 <= out[n][0] <= 13  # only slot 0's own blocks
     assert out["cache_col"][0] in (-1, state_idx, state_idx - 1)
@@ -293,3 +294,28 @@ def test_out_of_range_slots_touch_nothing(device_backend):
     s2, out = device_backend.preprocess_resolve(s, [9, 0], [2, 2], [True, True], BT, 4, 1)
     assert out["run_col"].tolist() == [-1, 1] and out["temporal_read"][0] == -1
     assert as_state(s2)[0] == [1, -1, -1, -1]
+
+
+# -- faulty rows change nothing and never reach the prefix cache ---------------------------
+@pytest.mark.parametrize("q,ns,why", [
+    (2, 0, "num_sampled = 0 exactly on a boundary: would re-copy into the recorded column"),
+    (5, 2, "query_len = 5 > 1 + S: a never-written block would be copied into the cache"),
+    (2, 3, "num_sampled > query_len"),
+    (0, 0, "no tokens"),
+])
+def test_a_faulty_spec_row_changes_nothing_and_caches_nothing(device_backend, q, ns, why):
+    # slot 0 runs in column 1 with 6 computed: 2 accepted tokens reach the boundary at 8
+    s = slots([1, 0, -1, -1], [1, 1, 1, 1], [6, 3, 0, 0])
+    new, out = device_backend.postprocess(s, [0, 1], [q, 1], [True, True], [ns, 1], BT, 4, 3)
+    assert out["cache_col"][0] == -1, why
+    assert all(out[n][0] == -1 for n in ("copy_tsrc", "copy_csrc", "copy_dst")), why
+    assert (new.acc[0], new.num_computed[0]) == (1, 6), why  # bookkeeping untouched
+    # the good row of the same step: its own result (3 + 1 = 4, the boundary of column 0)
+    assert (out["cache_col"][1], new.num_computed[1]) == (0, 4)
+    good, good_out = device_backend.postprocess(s, [1], [1], [True], [1], BT, 4, 3)
+    assert good_out["cache_col"].tolist() == [0] and good.num_computed[1] == 4
+
+
+def test_the_core_rejects_a_spec_row_that_sampled_nothing():
+    with pytest.raises(ValueError, match="num_sampled must be >= 1 on spec rows"):
+        accept(slots([1], [1], [6]), [0], [2], [0], True)

@@ -31,24 +31,50 @@ def spec(name: str, x: Any) -> K.ArraySpec:
     return K.ArraySpec.row_major(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype).name)
 
 
+def _as_jax(name: str, x: Any, in_place: bool) -> Array:
+    """``x`` as a JAX array of the dtype the kernel sees. Without ``jax_enable_x64`` JAX
+    stores 64-bit values in 32 bits: harmless for ids and counts read once, but an array
+    updated in place would come back narrower than it went in, so that is refused."""
+    want = jax.dtypes.canonicalize_dtype(x.dtype)
+    if want != x.dtype and in_place:
+        raise TypeError(f"{name} is {x.dtype}, which JAX without jax_enable_x64 keeps as "
+                        f"{want}: pass {want} arrays (e.g. from init_state) or enable x64")
+    return x if isinstance(x, jax.Array) and want == x.dtype else jnp.asarray(x, want)
+
+
 def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) -> Dict[str, Array]:
     """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
-    returns every output by name (in-place ones updated)."""
+    returns every output by name (in-place ones updated). Not differentiable: ``jax.grad``
+    through it raises (state copies and bookkeeping have no useful derivative)."""
     plan = op.plan(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
+    arrays = {n: _as_jax(n, a, n in op.mutates) for n, a in arrays.items()}
     if plan.skip:
         return {n: arrays[plan.aliases[n]] if n in plan.aliases
                 else jnp.zeros(plan.out_specs[n].shape,
                                jax.dtypes.canonicalize_dtype(plan.out_specs[n].dtype))
                 for n in plan.outputs}
-    args = dict(arrays)
-    for n, d in plan.views.items():  # copies see pools as same-width integers
-        if args[n].dtype != jnp.dtype(d):
-            args[n] = jax.lax.bitcast_convert_type(args[n], jnp.dtype(d))
-    outs = launch_plan(plan, args)
-    for out, src in plan.aliases.items():
-        if outs[out].dtype != arrays[src].dtype:
-            outs[out] = jax.lax.bitcast_convert_type(outs[out], arrays[src].dtype)
-    return outs
+    names = tuple(arrays)
+
+    @jax.custom_jvp
+    def run(*values):
+        args = dict(zip(names, values))
+        for n, d in plan.views.items():  # copies see pools as same-width integers
+            if args[n].dtype != jnp.dtype(d):
+                args[n] = jax.lax.bitcast_convert_type(args[n], jnp.dtype(d))
+        outs = launch_plan(plan, args)
+        for out, src in plan.aliases.items():
+            if outs[out].dtype != values[names.index(src)].dtype:
+                outs[out] = jax.lax.bitcast_convert_type(outs[out],
+                                                         values[names.index(src)].dtype)
+        return outs
+
+    @run.defjvp
+    def _(primals, tangents):
+        raise TypeError(f"{op.name} is not differentiable: its outputs are copies and "
+                        "bookkeeping of state blocks; stop gradients before it "
+                        "(jax.lax.stop_gradient) if it sits inside a differentiated function")
+
+    return run(*arrays.values())
 
 
 def public(op: K.Op):

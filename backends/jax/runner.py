@@ -104,7 +104,7 @@ def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_l
     the column whose block may enter the prefix cache, -1 if none)."""
     _check(config, pools)
     post = ops.postprocess(*state, idx_mapping, query_len, is_spec, num_sampled, block_table,
-                           block_size=config.block_size)
+                           block_size=config.block_size, num_spec=config.num_spec)
     state = SlotArrays(state.state_idx, post["acc"], post["num_computed"])
     pools = ops.copy_pools(pools, config.copy_kinds(), post)
     return state, pools, post["cache_col"]

@@ -115,6 +115,6 @@ class StateRunner:
         self.check_pools(pools)
         out = ops.postprocess_(self.state_idx, self.acc, self.num_computed, idx_mapping,
                                query_len, is_spec, num_sampled, block_table,
-                               block_size=self.config.block_size)
+                               block_size=self.config.block_size, num_spec=self.config.num_spec)
         ops.copy_pools_(pools, self.kinds, out)
         return out["cache_col"]
