@@ -148,7 +148,7 @@ def preprocess(state: SlotState, idx_mapping, query_len, block_size: int):
 
 
 def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> SlotState:
-    """docs/semantics.md §2 step 5. Spec rows: ``acc = max(num_sampled, 1)``, ``num_computed +=
+    """docs/semantics.md §2 step 5. Spec rows: ``acc = num_sampled``, ``num_computed +=
     num_sampled``; non-spec rows: ``acc = 1``, ``num_computed += query_len``.
 
     ``num_sampled``: int ``[rows]`` with ``1 <= num_sampled <= query_len`` on spec rows (a
@@ -170,7 +170,7 @@ def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> Sl
                          "add_requests)")
     out = state.copy()
     s_rows, n_rows = live & spec, live & ~spec
-    out.acc[idx[s_rows]] = np.maximum(ns[s_rows], 1)
+    out.acc[idx[s_rows]] = ns[s_rows]
     out.num_computed[idx[s_rows]] += ns[s_rows]
     out.acc[idx[n_rows]] = 1
     out.num_computed[idx[n_rows]] += q[n_rows]

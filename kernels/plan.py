@@ -40,9 +40,10 @@ class ArraySpec:
     strides: Tuple[int, ...]
 
     def __post_init__(self) -> None:
-        # hashable and exact: plans are cached on specs
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
-        object.__setattr__(self, "strides", tuple(int(s) for s in self.strides))
+        # tuples, so that plans can be cached on specs; the sizes are kept as given (never
+        # int()): under torch.compile they may be symbolic, and int() would pin them
+        object.__setattr__(self, "shape", tuple(self.shape))
+        object.__setattr__(self, "strides", tuple(self.strides))
         object.__setattr__(self, "dtype", str(self.dtype))
 
     @classmethod

@@ -261,7 +261,8 @@ BT = np.arange(10, 26).reshape(4, 4)  # slot r owns blocks 10 + 4r .. 13 + 4r
     [
         (-1, 1, 0, 4, 4),  # post-process without preprocess: no running column
         (2, 1, 3, 9, 2),  # boundary far behind the window (query_len > 1 + S)
-        (0, 1, 2, 2, 50),  # num_sampled > query_len: clamped, never trusted
+        (0, 1, 2, 2, 50),  # num_sampled > query_len: a faulty row
+        (3, 1, 2, 2, 2),  # valid counts, but the boundary (column 0) is far behind column 3
     ],
 )
 def test_inconsistent_postprocess_copies_and_caches_nothing_foreign(device_backend, state_idx,
@@ -297,23 +298,26 @@ def test_out_of_range_slots_touch_nothing(device_backend):
 
 
 # -- faulty rows change nothing and never reach the prefix cache ---------------------------
-@pytest.mark.parametrize("q,ns,why", [
-    (2, 0, "num_sampled = 0 exactly on a boundary: would re-copy into the recorded column"),
-    (5, 2, "query_len = 5 > 1 + S: a never-written block would be copied into the cache"),
-    (2, 3, "num_sampled > query_len"),
-    (0, 0, "no tokens"),
+@pytest.mark.parametrize("st_idx,acc,nc,q,ns,spec,why", [
+    # column 1 recorded at 8 tokens, the state moved to column 2: the old clamp accepted
+    # num_sampled = 0 as 1 token and re-copied window column 0 into the recorded column 1
+    (2, 2, 8, 2, 0, True, "num_sampled = 0 on a boundary"),
+    (1, 1, 6, 5, 2, True, "query_len = 5 > 1 + S: never-written candidates"),
+    (1, 1, 6, 2, 3, True, "num_sampled > query_len"),
+    # a non-spec row without tokens on a boundary: the old code recorded column 1 again
+    (1, 1, 8, 0, 0, False, "a non-spec row without tokens"),
 ])
-def test_a_faulty_spec_row_changes_nothing_and_caches_nothing(device_backend, q, ns, why):
-    # slot 0 runs in column 1 with 6 computed: 2 accepted tokens reach the boundary at 8
-    s = slots([1, 0, -1, -1], [1, 1, 1, 1], [6, 3, 0, 0])
-    new, out = device_backend.postprocess(s, [0, 1], [q, 1], [True, True], [ns, 1], BT, 4, 3)
+def test_a_faulty_row_changes_nothing_and_caches_nothing(device_backend, st_idx, acc, nc, q,
+                                                         ns, spec, why):
+    s = slots([st_idx, 0, -1, -1], [acc, 1, 1, 1], [nc, 3, 0, 0])
+    new, out = device_backend.postprocess(s, [0, 1], [q, 1], [spec, True], [ns, 1], BT, 4, 3)
     assert out["cache_col"][0] == -1, why
     assert all(out[n][0] == -1 for n in ("copy_tsrc", "copy_csrc", "copy_dst")), why
-    assert (new.acc[0], new.num_computed[0]) == (1, 6), why  # bookkeeping untouched
-    # the good row of the same step: its own result (3 + 1 = 4, the boundary of column 0)
-    assert (out["cache_col"][1], new.num_computed[1]) == (0, 4)
-    good, good_out = device_backend.postprocess(s, [1], [1], [True], [1], BT, 4, 3)
-    assert good_out["cache_col"].tolist() == [0] and good.num_computed[1] == 4
+    assert (new.acc[0], new.num_computed[0]) == (acc, nc), why  # bookkeeping untouched
+    # the good row of the same step gives its result alone (3 + 1 = 4: column 0's boundary)
+    alone, alone_out = device_backend.postprocess(s, [1], [1], [True], [1], BT, 4, 3)
+    assert (out["cache_col"][1], new.num_computed[1], new.acc[1]) == (0, 4, 1)
+    assert alone_out["cache_col"].tolist() == [0] and alone.num_computed[1] == 4
 
 
 def test_the_core_rejects_a_spec_row_that_sampled_nothing():

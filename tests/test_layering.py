@@ -26,7 +26,10 @@ def imported_modules(path: pathlib.Path, source: str = None):
             for alias in node.names:
                 yield node.lineno, alias.name.split(".")[0]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.lineno, node.module.split(".")[0]
+            parts = node.module.split(".")
+            # `from mamba_align.backends import x` names the package folder it reaches
+            yield node.lineno, parts[1] if parts[0] == "mamba_align" and len(parts) > 1 \
+                else parts[0]
         elif isinstance(node, ast.ImportFrom) and node.level > 0:
             base = path.parent
             for _ in range(node.level - 1):
@@ -44,10 +47,10 @@ def test_scanner_sees_imports():
     # The scanner must catch every import form, or the rules below could never fail.
     source = ("import torch\nfrom jax import numpy\nimport numpy as np\ndef f():\n"
               "    import triton\nfrom ..kernels import plan\nfrom .. import backends\n"
-              "from .config import CacheConfig\n")
+              "from .config import CacheConfig\nfrom mamba_align.kernels import plan\n")
     # a file of core/ (not written: relative imports resolve from its folder)
     got = [m for _, m in sorted(imported_modules(ROOT / "core" / "probe.py", source))]
-    assert got == ["torch", "jax", "numpy", "triton", "kernels", "backends", "core"]
+    assert got == ["torch", "jax", "numpy", "triton", "kernels", "backends", "core", "kernels"]
 
 
 @pytest.mark.parametrize("folder", sorted(RULES))

@@ -37,8 +37,10 @@ def test_torch_compile_of_a_step_at_several_batch_sizes(mode):
     seed_runner(a, 4, slots)
     seed_runner(b, 4, slots)
     pa, pb = step_pools(cfg, nb, DEV), step_pools(cfg, nb, DEV)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     compiled = torch.compile(run_step, fullgraph=True)
-    for rows in (6, 3, 5):
+    for rows in (6, 3, 5, 7, 2):
         idx, ql, bt, ns = step_inputs(gen, rows, slots, cols, nb, 2, DEV)
         spec = torch.ones(rows, dtype=torch.bool, device=DEV)
         got = compiled(a, pa, idx, ql, spec, bt, ns)
@@ -49,3 +51,24 @@ def test_torch_compile_of_a_step_at_several_batch_sizes(mode):
             assert torch.equal(getattr(a, f), getattr(b, f))
         for n in pa:
             assert torch.equal(pa[n].view(torch.int16), pb[n].view(torch.int16))
+    # one graph for the first size, one with the row count symbolic: no size is pinned
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
+def test_cpu_tensors_for_compiled_kernels_get_a_clear_error(monkeypatch):
+    # where the kernels are compiled (a GPU machine), CPU tensors cannot reach them
+    import dataclasses
+
+    from mamba_align.backends.torch import ops
+
+    real = ops._plan
+
+    def compiled_plan(*a, **k):
+        plan = real(*a, **k)
+        return dataclasses.replace(plan, kernel=object())  # not an interpreted kernel
+
+    monkeypatch.setattr(ops, "_plan", compiled_plan)
+    pool = torch.zeros(1, 4, 8)
+    with pytest.raises(ValueError, match="kernels run compiled on CUDA devices"):
+        ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
+    assert (pool == 0).all()

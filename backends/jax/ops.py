@@ -38,7 +38,7 @@ def _as_jax(name: str, x: Any, in_place: bool) -> Array:
     want = jax.dtypes.canonicalize_dtype(x.dtype)
     if want != x.dtype and in_place:
         raise TypeError(f"{name} is {x.dtype}, which JAX without jax_enable_x64 keeps as "
-                        f"{want}: pass {want} arrays (e.g. from init_state) or enable x64")
+                        f"{want}: pass {want} arrays or enable x64")
     return x if isinstance(x, jax.Array) and want == x.dtype else jnp.asarray(x, want)
 
 

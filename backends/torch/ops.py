@@ -13,15 +13,14 @@ time per call (measured on the H200 host), which an eager step need not pay.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
 
 from ... import kernels as K
 
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # as the kernels were defined
 
 
 _NAMES = {getattr(torch, n): n for n in (
@@ -68,7 +67,7 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
     in-place arrays are updated, new outputs returned by name."""
     plan = _plan(op, arrays, statics)
     dev = _device(arrays)
-    if dev.type != "cuda" and not _INTERPRETED:
+    if dev.type != "cuda" and not isinstance(plan.kernel, InterpretedFunction):
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
