@@ -90,15 +90,20 @@ def _store_copy_plan(block_table_ptr, slot, src_col, dst_col, bias, on, bt_strid
 
 
 @triton.jit
-def _preprocess_rows(idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr,
-                     num_rows, num_slots, block_size, bt_stride, max_cols,
+def _preprocess_rows(idx_mapping_ptr, query_len_ptr, is_spec_ptr, block_table_ptr,
+                     num_computed_ptr, num_rows, num_slots, block_size, bt_stride, max_cols,
                      src_col_ptr, src_bias_ptr, run_col_ptr, copy_tsrc_ptr, copy_csrc_ptr,
-                     copy_dst_ptr, copy_bias_ptr, state_idx_ptr, acc_ptr, BLOCK: tl.constexpr):
-    """Step 1 and the pre-copy plan for this program's rows, stored; returns what slot
+                     copy_dst_ptr, copy_bias_ptr, state_idx_ptr, acc_ptr, WIN: tl.constexpr,
+                     BLOCK: tl.constexpr):
+    """Step 1 and the pre-copy plan for this program's rows, stored; returns what block
     resolution needs: rows, slots, ``live``, query lengths, ``src_col``, ``src_bias``,
-    ``run_col`` and the per-slot ``acc`` as left behind (1 on crossing rows)."""
+    ``run_col`` and the per-slot ``acc`` as left behind (1 on crossing rows). A row without
+    tokens, or a spec row with more than ``WIN = 1 + S`` (more candidates than its window
+    holds), is handled as a skipped row: it changes nothing and gets no blocks."""
     r, in_batch, slot, live = _batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
+    spec = tl.load(is_spec_ptr + r, mask=live, other=0) != 0
+    live = live & (q >= 1) & ~(spec & (q > WIN))
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
     nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)

@@ -94,9 +94,10 @@ def preprocess_resolve_kernel(
 ):
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only
     r, in_batch, slot, live, q, src_col, src_bias, col, acc = _preprocess_rows(
-        idx_mapping_ptr, query_len_ptr, block_table_ptr, num_computed_ptr, num_rows, num_slots,
-        block_size, bt_stride, max_cols, src_col_ptr, src_bias_ptr, run_col_ptr, copy_tsrc_ptr,
-        copy_csrc_ptr, copy_dst_ptr, copy_bias_ptr, state_idx_ptr, acc_ptr, BLOCK)
+        idx_mapping_ptr, query_len_ptr, is_spec_ptr, block_table_ptr, num_computed_ptr,
+        num_rows, num_slots, block_size, bt_stride, max_cols, src_col_ptr, src_bias_ptr,
+        run_col_ptr, copy_tsrc_ptr, copy_csrc_ptr, copy_dst_ptr, copy_bias_ptr, state_idx_ptr,
+        acc_ptr, WIN, BLOCK)
     _resolve_rows(block_table_ptr, is_spec_ptr, r, in_batch, slot, live, q, src_col, src_bias,
                   col, acc, bt_stride, max_cols, temporal_read_ptr, conv_read_ptr,
                   conv_read_bias_ptr, temporal_write_ptr, conv_write_ptr, WIN, WIN_PAD, COPY_FREE)
@@ -150,5 +151,7 @@ PREPROCESS_RESOLVE = Op(
     ``run_col``, the pre-copy plan ``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``, and the kernels' blocks ``temporal_read``, ``conv_read``,
     ``conv_read_bias``, ``temporal_write`` (``[rows, 1 + num_spec]``), ``conv_write``
-    (int64; int32 in JAX without x64). ``mode``: ``"pre-copy"`` or ``"copy-free"``.""",
+    (int64; int32 in JAX without x64). ``mode``: ``"pre-copy"`` or ``"copy-free"``.
+    A row the step cannot serve (no tokens; a spec row with ``query_len > 1 + num_spec``)
+    changes nothing and gets no blocks (-1), like a skipped row.""",
 )

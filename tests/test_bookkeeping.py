@@ -323,3 +323,18 @@ def test_a_faulty_row_changes_nothing_and_caches_nothing(device_backend, st_idx,
 def test_the_core_rejects_a_spec_row_that_sampled_nothing():
     with pytest.raises(ValueError, match="num_sampled must be >= 1 on spec rows"):
         accept(slots([1], [1], [6]), [0], [2], [0], True)
+
+
+@pytest.mark.parametrize("q,spec", [(5, True), (0, True), (0, False)])
+def test_a_row_the_step_cannot_serve_is_skipped_by_preprocess(device_backend, q, spec):
+    # more candidates than the window holds (S = 3), or no tokens at all: no state moves,
+    # no pre-copy, no read or write block; the good row beside it is served as alone
+    s = slots([0, 0, -1, -1], [2, 1, 1, 1], [3, 3, 0, 0])
+    new, out = device_backend.preprocess_resolve(s, [0, 1], [q, 2], [spec, True], BT, 4, 3)
+    assert (new.state_idx[0], new.acc[0]) == (0, 2)
+    assert (out["src_col"][0], out["run_col"][0], out["copy_dst"][0]) == (-1, -1, -1)
+    assert out["temporal_read"][0] == -1 and (out["temporal_write"][0] == -1).all()
+    assert out["conv_write"][0] == -1
+    alone_state, alone = device_backend.preprocess_resolve(s, [1], [2], [True], BT, 4, 3)
+    assert alone_state.state_idx[1] == new.state_idx[1] == 1
+    assert all(np.array_equal(out[n][1], alone[n][0]) for n in out)
