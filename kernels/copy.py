@@ -11,7 +11,7 @@ a copy is a bit copy whatever the dtype. All offsets are int64.
 from __future__ import annotations
 
 import functools
-from typing import Dict, Mapping, Tuple
+from typing import Any, Iterator, Mapping, Tuple
 
 import triton
 import triton.language as tl
@@ -286,19 +286,21 @@ COPY_CONV = Op(
 )
 
 
-def pool_copies(kinds: Mapping[str, str]) -> Dict[str, Tuple[Op, Dict[str, str], dict]]:
-    """How a step's physical copy plan reaches each pool: ``kinds`` is
-    ``CacheConfig.copy_kinds()`` (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name); for
-    each pool, the op, which copy-plan output feeds each of its index arrays, and its
-    static options. Both backends apply a copy plan through this."""
-    out = {}
+def pool_copies(kinds: Mapping[str, str], pools: Mapping[str, Any],
+                copy_plan: Mapping[str, Any]) -> Iterator[Tuple[str, Op, dict, dict]]:
+    """How a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
+    ``copy_bias``) reaches each pool: ``kinds`` is ``CacheConfig.copy_kinds()``
+    (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name). Yields, per pool, its name, the op
+    to launch, the op's arrays and its static options. Both backends apply a copy plan
+    through this."""
     for name, kind in kinds.items():
         if kind == "temporal":
-            out[name] = (COPY_TEMPORAL, {"src": "copy_tsrc", "dst": "copy_dst"}, {})
+            yield name, COPY_TEMPORAL, {"pool": pools[name], "src": copy_plan["copy_tsrc"],
+                                        "dst": copy_plan["copy_dst"]}, {}
         else:
-            out[name] = (COPY_CONV, {"src": "copy_csrc", "dst": "copy_dst", "bias": "copy_bias"},
-                         {"layout": kind})
-    return out
+            yield name, COPY_CONV, {"pool": pools[name], "src": copy_plan["copy_csrc"],
+                                    "dst": copy_plan["copy_dst"],
+                                    "bias": copy_plan["copy_bias"]}, {"layout": kind}
 
 
 def _pow2(align: int) -> int:

@@ -151,6 +151,23 @@ class Op:
     returns: Tuple[str, ...]  # the plan's new (not in-place) outputs, in order
     doc: str
 
+    @property
+    def static_names(self) -> Tuple[str, ...]:
+        return tuple(s.name for s in self.statics)
+
+    def function(self, run: Callable[[dict, dict], Any], name: str, array_type: Any,
+                 returns: Any, doc: str = "") -> Callable[..., Any]:
+        """A backend's public function for this op: binds a call's arguments
+        (:meth:`bind`) and hands ``(arrays, statics)`` to ``run``; named, signed and
+        documented like the op."""
+        def fn(*args, **kwargs):
+            return run(*self.bind(args, kwargs))
+
+        fn.__name__ = fn.__qualname__ = name
+        fn.__signature__ = self.signature(array_type, returns)
+        fn.__doc__ = self.doc + doc
+        return fn
+
     def signature(self, array_type: Any, returns: Any) -> inspect.Signature:
         """A backend function's signature: arrays positional-or-keyword (annotated
         ``array_type``), static options keyword-only."""

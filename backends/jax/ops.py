@@ -80,15 +80,9 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
 def public(op: K.Op):
     """The user-facing JAX function of ``op``: array parameters positional (or by keyword),
     static options keyword-only; returns every output by name."""
-    sig = op.signature(Array, Dict[str, Array])
-
-    def fn(*args, **kwargs):
-        return launch(op, *op.bind(args, kwargs))
-
-    fn.__name__ = fn.__qualname__ = op.name
-    fn.__signature__ = sig
-    fn.__doc__ = op.doc + "\n\n    Returns every output by name, in-place arrays updated."
-    return fn
+    return op.function(lambda arrays, statics: launch(op, arrays, statics), op.name, Array,
+                       Dict[str, Array],
+                       "\n\n    Returns every output by name, in-place arrays updated.")
 
 
 add_requests = public(K.ADD_REQUESTS)
@@ -104,7 +98,6 @@ def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],
     ``copy_bias``, int ``[rows]``) to every pool named in ``kinds``
     (``CacheConfig.copy_kinds()``); returns ``pools`` with those updated."""
     out = dict(pools)
-    for name, (op, feeds, statics) in K.pool_copies(kinds).items():
-        arrays = dict({n: copy_plan[k] for n, k in feeds.items()}, pool=pools[name])
+    for name, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
         out[name] = launch(op, arrays, statics)["pool"]
     return out

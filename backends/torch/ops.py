@@ -21,8 +21,6 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ... import kernels as K
 
-
-
 _NAMES = {getattr(torch, n): n for n in (
     "float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8",
     "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
@@ -100,23 +98,19 @@ def _schema(op: K.Op) -> str:
     return f"({params}) -> ({', '.join(['Tensor'] * len(op.returns))})"
 
 
-def _names(op: K.Op):
-    return tuple(s.name for s in op.statics)
-
-
 def _register(op: K.Op, name: str):
     """``torch.ops.mamba_align.<name>``: the launcher, and a fake that allocates only."""
     k = len(op.arrays)  # then the statics, positional
 
     def impl(*args):
-        outs = launch(op, dict(zip(op.arrays, args)), dict(zip(_names(op), args[k:])))
+        outs = launch(op, dict(zip(op.arrays, args)), dict(zip(op.static_names, args[k:])))
         return tuple(outs[n] for n in op.returns) if op.returns else None
 
     def fake(*args):
         if not op.returns:
             return None
         arrays = dict(zip(op.arrays, args[:k]))
-        plan = _plan(op, arrays, dict(zip(_names(op), args[k:])), cached=False)
+        plan = _plan(op, arrays, dict(zip(op.static_names, args[k:])), cached=False)
         return tuple(torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
                                  device=_device(arrays)) for n in op.returns)
 
@@ -132,16 +126,9 @@ def public(op: K.Op):
     there are none."""
     name = op.name + ("_" if op.mutates else "")
     custom = _register(op, name)
-    sig = op.signature(Tensor, Optional[Dict[str, Tensor]])
-
-    def fn(*args, **kwargs):
-        return call(op, *op.bind(args, kwargs))
-
     _CUSTOM[op.name] = custom
-    fn.__name__ = fn.__qualname__ = name
-    fn.__signature__ = sig
-    fn.__doc__ = op.doc
-    return fn
+    return op.function(lambda arrays, statics: call(op, arrays, statics), name, Tensor,
+                       Optional[Dict[str, Tensor]])
 
 
 _CUSTOM: Dict[str, Any] = {}  # op name -> its custom op (dynamo cannot hash an Op key)
@@ -151,7 +138,7 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     """Run ``op``: through its custom op under ``torch.compile``, :func:`launch` otherwise."""
     if torch.compiler.is_compiling():
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
-                               *(statics[n] for n in _names(op)))
+                               *(statics[n] for n in op.static_names))
         return dict(zip(op.returns, res)) if op.returns else None
     outs = launch(op, arrays, statics)
     return outs if op.returns else None
@@ -169,5 +156,5 @@ def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],
     """Apply a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``, int ``[rows]``) to every pool named in ``kinds``
     (``CacheConfig.copy_kinds()``), in place."""
-    for name, (op, feeds, statics) in K.pool_copies(kinds).items():
-        call(op, dict({n: copy_plan[k] for n, k in feeds.items()}, pool=pools[name]), statics)
+    for _, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
+        call(op, arrays, statics)
