@@ -17,6 +17,7 @@ from .bookkeeping import (
     preprocess,
     running_column,
 )
+from .faults import NO_ROW, Fault, decode_errors, error_row, new_errors, raise_errors
 from .config import DTYPES, LAYOUTS, CacheConfig, ConvSpec, StateSpec, TemporalSpec
 from .copy_ref import (
     CopyPlan,

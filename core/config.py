@@ -23,6 +23,10 @@ LABEL_DTYPES = ("int32",)
 LAYOUTS = ("SD", "DS")
 
 
+#: What :meth:`CacheConfig.check_pools` returns without states: no pool bounds the block ids.
+NO_POOLS = 2**31 - 1
+
+
 def _check_dtype(owner: str, dtype: str) -> None:
     if dtype not in DTYPES + LABEL_DTYPES:
         raise ValueError(f"{owner}.dtype must be one of {DTYPES + LABEL_DTYPES}, got {dtype!r}")
@@ -138,16 +142,19 @@ class CacheConfig:
         return (self.num_layers, num_blocks) + self.states[name].block_shape(self.num_spec)
 
     def check_pools(self, pools: Mapping[str, Any],
-                    describe: Callable[[str, Any], Tuple[Tuple[int, ...], str]]) -> None:
+                    describe: Callable[[str, Any], Tuple[Tuple[int, ...], str]]) -> int:
         """Check pools against the config before any launch, for every backend.
 
         ``pools`` maps pool names to arrays; ``describe(label, array)`` returns an array's
         ``(shape, dtype name)`` or raises ``TypeError`` for what is not an array of its
         framework. Every name of ``states`` must be there with shape ``[num_layers, NB >= 1,
         *block_shape]`` (which also fixes the conv layout) and the spec's dtype. Entries
-        that are not states are ignored: a caller may keep other arrays in the mapping."""
+        that are not states are ignored: a caller may keep other arrays in the mapping.
+        Returns the blocks every pool has (the smallest ``NB``; :data:`NO_POOLS` without
+        states): block ids at or past it are faults on the device path."""
         if not isinstance(pools, Mapping):
             raise TypeError(f"pools must map state names to arrays, got {type(pools).__name__}")
+        num_blocks = NO_POOLS
         for name, spec in self.states.items():
             if name not in pools:
                 raise KeyError(f"pools has no entry {name!r} (config states: "
@@ -163,6 +170,8 @@ class CacheConfig:
             if dtype != spec.dtype:
                 raise TypeError(f"pools[{name!r}] has dtype {dtype}, the config's spec says "
                                 f"{spec.dtype}")
+            num_blocks = min(num_blocks, shape[1])
+        return num_blocks
 
     def columns_needed(self, num_tokens: int) -> int:
         """Block-table columns a request with ``num_tokens`` tokens (drafts included) needs."""

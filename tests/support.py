@@ -17,6 +17,7 @@ import numpy as np
 
 from mamba_align.core import (
     CopyPlan,
+    new_errors,
     SlotState,
     accept,
     add_requests,
@@ -110,13 +111,21 @@ class Backend:
         return max(5, int(n * self.examples_scale))
 
     # ops -> (new state, per-row outputs by name) or a new pool
+    # the device backends start each call with a clear error flag and keep what it
+    # recorded in ``last_errors`` (int64 ``[2]``); ``num_blocks`` None: past every id of bt.
+    # They take and return states as the core sees them: acc >= 1 (0: faulty); the device's
+    # mark of a step in flight (acc negated from preprocess to postprocess) is added and
+    # removed here (see in_flight)
+    last_errors = None
+
     def add_requests(self, state, slots_, num_computed, block_size) -> SlotState: ...
 
     def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
-                           mode="pre-copy") -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
+                           mode="pre-copy", num_blocks=None
+                           ) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
 
     def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size,
-                    num_spec) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
+                    num_spec, num_blocks=None) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
 
     def copy_temporal(self, pool, src, dst): ...
 
@@ -130,7 +139,7 @@ class Reference(Backend):
         return add_requests(state, slots_, num_computed, block_size)
 
     def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
-                           mode="pre-copy"):
+                           mode="pre-copy", num_blocks=None):
         idx, q = np.asarray(idx), np.asarray(q)
         new, pre = preprocess(state, idx, q, block_size)
         cp = precopy_plan(bt, idx, pre)
@@ -140,7 +149,8 @@ class Reference(Backend):
         out.update({f: getattr(blocks, f) for f in BLOCKS})
         return new, out
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec,
+                    num_blocks=None):
         spec = np.asarray(is_spec) != 0  # (num_spec: the core checks spec rows at resolve)
         mid = accept(state, idx, q, num_sampled, spec)
         new, post = postprocess(mid, idx, block_size)
@@ -194,10 +204,13 @@ class Torch(Backend):
         return self.torch.from_numpy(a.copy()).to(self.device)
 
     def _state(self, state):
-        return [self.ids(getattr(state, f)).clone() for f in ("state_idx", "acc", "num_computed")]
+        errors = self.torch.from_numpy(new_errors()).to(self.device)
+        return [self.ids(getattr(state, f)).clone()
+                for f in ("state_idx", "acc", "num_computed")] + [errors]
 
     def _back(self, arrays):
-        return SlotState(*(self.host(a).astype(np.int64) for a in arrays))
+        self.last_errors = self.host(arrays[3]).astype(np.int64)
+        return settled(SlotState(*(self.host(a).astype(np.int64) for a in arrays[:3])))
 
     def add_requests(self, state, slots_, num_computed, block_size):
         st = self._state(state)
@@ -206,18 +219,20 @@ class Torch(Backend):
         return self._back(st)
 
     def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
-                           mode="pre-copy"):
+                           mode="pre-copy", num_blocks=None):
         st = self._state(state)
         out = self.ops.preprocess_resolve_(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
                                            self.ids(bt), block_size=block_size,
-                                           num_spec=num_spec, mode=mode)
+                                           num_spec=num_spec, num_blocks=blocks_of(bt, num_blocks),
+                                           mode=mode)
         return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
-        st = self._state(state)
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec,
+                    num_blocks=None):
+        st = self._state(in_flight(state, idx))
         out = self.ops.postprocess_(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
                                     self.ids(num_sampled), self.ids(bt), block_size=block_size,
-                                    num_spec=num_spec)
+                                    num_spec=num_spec, num_blocks=blocks_of(bt, num_blocks))
         return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
 
     def copy_temporal(self, pool, src, dst):
@@ -256,13 +271,14 @@ class Jax(Backend):
         return self.jnp.asarray(a) if a.dtype == np.bool_ else self.ids(a)
 
     def _state(self, state):
-        return [self.ids(getattr(state, f)) for f in ("state_idx", "acc", "num_computed")]
+        return [self.ids(getattr(state, f)) for f in ("state_idx", "acc", "num_computed")] + [
+            self.jnp.asarray(new_errors())]
 
-    @staticmethod
-    def _split(out):
+    def _split(self, out):
+        self.last_errors = np.asarray(out.pop("errors")).astype(np.int64)
         st = SlotState(*(np.asarray(out.pop(f)).astype(np.int64)
                          for f in ("state_idx", "acc", "num_computed")))
-        return st, {n: np.asarray(v).astype(np.int64) for n, v in out.items()}
+        return settled(st), {n: np.asarray(v).astype(np.int64) for n, v in out.items()}
 
     def add_requests(self, state, slots_, num_computed, block_size):
         out = self.ops.add_requests(*self._state(state), self.ids(slots_), self.ids(num_computed),
@@ -270,20 +286,23 @@ class Jax(Backend):
         return self._split(dict(out))[0]
 
     def preprocess_resolve(self, state, idx, q, is_spec, bt, block_size, num_spec,
-                           mode="pre-copy"):
+                           mode="pre-copy", num_blocks=None):
         st = self._state(state)
         out = dict(self.ops.preprocess_resolve(*st, self.ids(idx), self.ids(q),
                                                self.flags(is_spec), self.ids(bt),
                                                block_size=block_size, num_spec=num_spec,
+                                               num_blocks=blocks_of(bt, num_blocks),
                                                mode=mode))
         out["num_computed"] = st[2]
         return self._split(out)
 
-    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec):
-        st = self._state(state)
+    def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size, num_spec,
+                    num_blocks=None):
+        st = self._state(in_flight(state, idx))
         out = dict(self.ops.postprocess(*st, self.ids(idx), self.ids(q), self.flags(is_spec),
                                         self.ids(num_sampled), self.ids(bt),
-                                        block_size=block_size, num_spec=num_spec))
+                                        block_size=block_size, num_spec=num_spec,
+                                        num_blocks=blocks_of(bt, num_blocks)))
         out["state_idx"] = st[0]
         return self._split(out)
 
@@ -300,6 +319,26 @@ class Jax(Backend):
         out = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()}, kinds,
                                   {n: self.ids(v) for n, v in plan.items()})
         return {n: np.asarray(p) for n, p in out.items()}
+
+
+def in_flight(state: SlotState, idx) -> SlotState:
+    """``state`` as the device holds it between preprocess and postprocess: ``acc``
+    negated on the slots the rows ``idx`` name (0, a faulty slot, stays 0)."""
+    idx = np.asarray(idx)
+    acc = state.acc.copy()
+    rows = np.unique(idx[(idx >= 0) & (idx < len(acc))])
+    acc[rows] = -np.abs(acc[rows])
+    return SlotState(state.state_idx, acc, state.num_computed)
+
+
+def settled(state: SlotState) -> SlotState:
+    """The device's ``state`` as the core sees it: the in-flight mark removed."""
+    return SlotState(state.state_idx, np.abs(state.acc), state.num_computed)
+
+
+def blocks_of(bt, num_blocks=None) -> int:
+    """``num_blocks`` for a step on ``bt``: as given, else one past its largest id."""
+    return int(num_blocks) if num_blocks is not None else int(max(np.max(bt, initial=0), 0)) + 1
 
 
 def make_backend(name: str, **kw) -> Backend:

@@ -48,18 +48,21 @@ def a(request):
 
 
 def slots4(a):
-    return a.ids(0, 0, 0, 0), a.ids(1, 1, 1, 1), a.ids(0, 0, 0, 0)
+    """Four slots' bookkeeping and a clear error flag."""
+    errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=DEV) if a.name == "torch" \
+        else jnp.array([0, 2**31 - 1], jnp.int32)
+    return a.ids(0, 0, 0, 0), a.ids(1, 1, 1, 1), a.ids(0, 0, 0, 0), errors
 
 
-BT = np.arange(16).reshape(4, 4)
+BT = np.arange(1, 17).reshape(4, 4)
 
 
 def step(a, **change):
     """A good preprocess_resolve call of one row, with ``change`` replacing arguments."""
-    arrays = dict(zip(("state_idx", "acc", "num_computed"), slots4(a)), idx_mapping=a.ids(0),
-                  query_len=a.ids(1), is_spec=a.flags(1),
+    arrays = dict(zip(("state_idx", "acc", "num_computed", "errors"), slots4(a)),
+                  idx_mapping=a.ids(0), query_len=a.ids(1), is_spec=a.flags(1),
                   block_table=a.ids(*BT.flat, shape=BT.shape))
-    statics = {"block_size": 4, "num_spec": 1, "mode": "pre-copy"}
+    statics = {"block_size": 4, "num_spec": 1, "num_blocks": 17, "mode": "pre-copy"}
     arrays.update({k: v for k, v in change.items() if k in arrays})
     statics.update({k: v for k, v in change.items() if k in statics})
     return tuple(arrays.values()), statics
@@ -100,14 +103,22 @@ CASES = [
     ("preprocess_resolve", lambda a: step(a, block_table=a.ids(*BT[0])), ValueError,
      "block_table must have shape"),
     ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.flags(1), a.ids(1, 1),
-                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1}),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1,
+                                                                    "num_blocks": 17}),
      ValueError, "num_sampled must have shape"),
     ("postprocess", lambda a: ((*slots4(a), a.ids(0), a.ids(1), a.f32(1), a.ids(1),
-                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1}),
+                                a.ids(*BT.flat, shape=BT.shape)), {"block_size": 4, "num_spec": 1,
+                                                                    "num_blocks": 17}),
      TypeError, "is_spec must have dtype"),
-    ("postprocess", lambda a: ((a.ids(0, 0), a.ids(1, 1, 1), a.ids(0, 0), a.ids(0), a.ids(1),
-                                a.flags(1), a.ids(1), a.ids(*BT.flat, shape=BT.shape)),
-                               {"block_size": 4, "num_spec": 1}), ValueError, "acc must have shape"),
+    ("postprocess", lambda a: ((a.ids(0, 0), a.ids(1, 1, 1), a.ids(0, 0), slots4(a)[3], a.ids(0),
+                                a.ids(1), a.flags(1), a.ids(1), a.ids(*BT.flat, shape=BT.shape)),
+                               {"block_size": 4, "num_spec": 1, "num_blocks": 17}), ValueError,
+     "acc must have shape"),
+    ("postprocess", lambda a: ((*slots4(a)[:3], a.f32(2), a.ids(0), a.ids(1), a.flags(1),
+                                a.ids(1), a.ids(*BT.flat, shape=BT.shape)),
+                               {"block_size": 4, "num_spec": 1, "num_blocks": 17}), TypeError,
+     "errors must have dtype"),
+    ("preprocess_resolve", lambda a: step(a, num_blocks=0), ValueError, "num_blocks must be"),
 ]
 
 
@@ -221,7 +232,7 @@ def test_an_empty_step_through_both_runners(a):
         st, pools2, blocks = mj.preprocess(mj.init_state(4), pools, none, none, flags, bt,
                                            config=CFG)
         st, _, cache = mj.postprocess(st, pools2, none, none, flags, none, bt, config=CFG)
-        state = list(st)
+        state = list(st)[:3]
     assert tuple(blocks.temporal_write.shape) == (0, 1 + CFG.num_spec)
     assert tuple(cache.shape) == (0,)
     assert [np.asarray(x.cpu() if a.name == "torch" else x).tolist() for x in state] == \
@@ -262,12 +273,14 @@ def test_jax_checks_are_static_under_jit():
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="with x64 int64 state is kept")
 def test_jax_int64_state_without_x64_is_refused_clearly():
     # JAX without x64 would hand back int32 arrays for int64 ones updated in place
-    state = mj.SlotArrays(np.full(4, -1, np.int64), np.ones(4, np.int64), np.zeros(4, np.int64))
+    state = mj.SlotArrays(np.full(4, -1, np.int64), np.ones(4, np.int64), np.zeros(4, np.int64),
+                          mj.init_state(4).errors)
     with pytest.raises(TypeError, match="state_idx is int64, which JAX without jax_enable_x64"):
         mj.add_requests(state, np.array([0]), np.array([5]), config=CFG)
     # read-only int64 NumPy ids are fine (stored as int32), and int32 state works
-    out = mj.add_requests(mj.SlotArrays(*(x.astype(np.int32) for x in state)), np.array([0]),
-                          np.array([5]), config=CFG)
+    out = mj.add_requests(state._replace(**{f: np.asarray(getattr(state, f)).astype(np.int32)
+                                            for f in ("state_idx", "acc", "num_computed")}),
+                          np.array([0]), np.array([5]), config=CFG)
     assert np.asarray(out.state_idx).tolist() == [1, -1, -1, -1]
 
 

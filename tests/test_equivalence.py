@@ -39,6 +39,7 @@ from mamba_align.core import (
     resolve_blocks,
 )
 from mamba_align.core.symbolic import Labels, symbolic_config, symbolic_forward, symbolic_pools
+from support import in_flight
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # eager JAX calls on the GPU copy their in-place arrays (and say so once); expected here
@@ -83,9 +84,12 @@ class TriDriver:
             self.truth[rid] = self.labels.chain(self.sched.requests[rid].tokens)
         return 0 if n == 0 else self.truth[rid][n - 1]
 
-    def check_state(self):
+    def check_state(self, in_step=None):
+        """The device bookkeeping equals the core's (after preprocess, ``in_step`` = the
+        step's rows: their slots' acc negated, the device's mark of a step in flight)."""
+        want = self.state if in_step is None else in_flight(self.state, in_step)
         for f in ("state_idx", "acc", "num_computed"):
-            same(f, getattr(self.state, f), getattr(self.t_run, f), getattr(self.j_state, f))
+            same(f, getattr(want, f), getattr(self.t_run, f), getattr(self.j_state, f))
 
     def check_pools(self):
         for n in self.np_pools:
@@ -119,7 +123,7 @@ class TriDriver:
         ts = self.t_run.preprocess(self.t_pools, *t_in)
         self.j_state, self.j_pools, js = mj.preprocess(self.j_state, self.j_pools, *j_in,
                                                        config=self.sym, mode=self.mode)
-        self.check_state()
+        self.check_state(in_step=idx)
         self.check_pools()
         for f in ("src_col", "src_bias", "run_col"):
             same(f, getattr(pre, f), getattr(ts, f), getattr(js, f))

@@ -12,13 +12,15 @@ SAMPLE_ARRAYS = {  # a valid call of every op, by parameter name
     "state_idx": K.ArraySpec.row_major((4,), "int32"),
     "acc": K.ArraySpec.row_major((4,), "int32"),
     "num_computed": K.ArraySpec.row_major((4,), "int32"),
+    "errors": K.ArraySpec.row_major((2,), "int32"),
     "slots": IDS, "num_computed_new": IDS, "idx_mapping": IDS, "query_len": IDS,
     "is_spec": K.ArraySpec.row_major((3,), "bool"), "num_sampled": IDS,
     "block_table": K.ArraySpec.row_major((4, 6), "int32"),
     "pool": K.ArraySpec.row_major((2, 5, 3, 8), "bfloat16"),
     "src": IDS, "dst": IDS, "bias": IDS,
 }
-SAMPLE_STATICS = {"block_size": 4, "num_spec": 2, "mode": "copy-free", "layout": "SD"}
+SAMPLE_STATICS = {"block_size": 4, "num_spec": 2, "num_blocks": 5, "mode": "copy-free",
+                  "layout": "SD"}
 
 
 def sample_plan(op, **change):

@@ -6,27 +6,34 @@ All of it is ``jax.jit``-able (``config`` and ``mode`` static) and works inside
 GPU updates them in place::
 
     step = jax.jit(my_step, static_argnames=("config", "mode"), donate_argnums=(0, 1))
+
+Bad values in the step's arrays do not raise: the kernels serve a row they cannot trust as
+a skipped row, leave its slot faulty until :func:`add_requests` seeds it again, and record
+the fault in ``state.errors``, which :func:`errors` reads (docs/semantics.md §1).
 """
 
 from __future__ import annotations
 
-from typing import Dict, NamedTuple, Tuple, Union
+from typing import Dict, List, NamedTuple, Tuple, Union
 
 import jax
 import jax.numpy as jnp
 
 from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
+from ...core.faults import decode_errors, new_errors
 from ...core.resolve import Mode, check_mode
 from . import ops
 
 
 class SlotArrays(NamedTuple):
-    """Per-slot bookkeeping, each ``[num_slots]`` int32/int64 (a pytree)."""
+    """Per-slot bookkeeping, each ``[num_slots]`` int32/int64, and the sticky error flag
+    ``errors`` (int32 ``[2]``, :func:`errors` decodes it); a pytree."""
 
     state_idx: jax.Array
     acc: jax.Array
     num_computed: jax.Array
+    errors: jax.Array
 
 
 class JaxBlocks(NamedTuple):
@@ -48,11 +55,23 @@ Pools = Dict[str, jax.Array]
 
 def init_state(num_slots: int, dtype=jnp.int32) -> SlotArrays:
     """Empty bookkeeping: ``state_idx = -1``, ``acc = 1``, ``num_computed = 0``, each
-    ``[num_slots]`` of ``dtype`` (int32, or int64 with x64)."""
+    ``[num_slots]`` of ``dtype`` (int32, or int64 with x64), and a clear error flag."""
     positive_int("num_slots", num_slots)
     index_dtype("dtype", jnp.dtype(dtype).name)
     return SlotArrays(jnp.full((num_slots,), -1, dtype), jnp.ones((num_slots,), dtype),
-                      jnp.zeros((num_slots,), dtype))
+                      jnp.zeros((num_slots,), dtype), jnp.asarray(new_errors()))
+
+
+def errors(state: SlotArrays) -> List[str]:
+    """The faults the device path recorded in ``state.errors`` (docs/semantics.md §1):
+    the messages of :func:`mamba_align.core.decode_errors`, ``[]`` when none. Reads the
+    flag back to the host, so call it outside ``jax.jit``, whenever you choose to wait."""
+    return decode_errors(jax.device_get(state.errors))
+
+
+def clear_errors(state: SlotArrays) -> SlotArrays:
+    """``state`` with a clear error flag."""
+    return state._replace(errors=jnp.asarray(new_errors()))
 
 
 def _describe(label: str, pool) -> tuple:
@@ -60,9 +79,9 @@ def _describe(label: str, pool) -> tuple:
     return spec.shape, spec.dtype
 
 
-def _check(config: CacheConfig, pools: Pools) -> None:
+def _check(config: CacheConfig, pools: Pools) -> int:
     instance("config", config, CacheConfig)
-    config.check_pools(pools, _describe)
+    return config.check_pools(pools, _describe)
 
 
 def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *,
@@ -71,7 +90,7 @@ def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *
     0 fresh, k·B on a prefix hit)."""
     instance("config", config, CacheConfig)
     out = ops.add_requests(*state, slots, num_computed, block_size=config.block_size)
-    return SlotArrays(out["state_idx"], out["acc"], out["num_computed"])
+    return SlotArrays(out["state_idx"], out["acc"], out["num_computed"], out["errors"])
 
 
 def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_len: jax.Array,
@@ -86,11 +105,11 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_le
     spec's dtype (other entries are ignored and returned as they are). Returns the new state
     and pools and the rows' blocks (per-row arrays int32, int64 with x64)."""
     mode = check_mode(mode)
-    _check(config, pools)
+    num_blocks = _check(config, pools)
     out = ops.preprocess_resolve(*state, idx_mapping, query_len, is_spec, block_table,
                                  block_size=config.block_size, num_spec=config.num_spec,
-                                 mode=mode.value)
-    state = SlotArrays(out["state_idx"], out["acc"], state.num_computed)
+                                 num_blocks=num_blocks, mode=mode.value)
+    state = SlotArrays(out["state_idx"], out["acc"], state.num_computed, out["errors"])
     if mode is Mode.PRE_COPY:
         pools = ops.copy_pools(pools, config.copy_kinds(), out)
     return state, pools, JaxBlocks(*(out[f] for f in JaxBlocks._fields))
@@ -102,9 +121,10 @@ def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_l
     """Accept ``num_sampled`` ([rows] int) and save boundary snapshots (other arguments as
     in :func:`preprocess`); returns the new state, pools and per-row ``cache_col`` ([rows]:
     the column whose block may enter the prefix cache, -1 if none)."""
-    _check(config, pools)
+    num_blocks = _check(config, pools)
     post = ops.postprocess(*state, idx_mapping, query_len, is_spec, num_sampled, block_table,
-                           block_size=config.block_size, num_spec=config.num_spec)
-    state = SlotArrays(state.state_idx, post["acc"], post["num_computed"])
+                           block_size=config.block_size, num_spec=config.num_spec,
+                           num_blocks=num_blocks)
+    state = SlotArrays(state.state_idx, post["acc"], post["num_computed"], post["errors"])
     pools = ops.copy_pools(pools, config.copy_kinds(), post)
     return state, pools, post["cache_col"]

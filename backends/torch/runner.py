@@ -13,13 +13,14 @@ Typical step::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import List, Mapping, Union
 
 import torch
 
 from ...core.checks import index_dtype as index_dtype_name
 from ...core.checks import instance, positive_int
 from ...core.config import CacheConfig
+from ...core.faults import decode_errors, new_errors, raise_errors
 from ...core.resolve import Mode, check_mode
 from . import ops
 
@@ -55,6 +56,11 @@ class StateRunner:
     ``pools`` (every step method) maps each state name of ``config`` to its ``[L, NB,
     *block_shape]`` tensor of the spec's dtype on the runner's device; other entries are
     ignored. They are checked before anything is launched.
+
+    Bad values in the step's arrays do not raise (that would synchronise): the kernels
+    serve a row they cannot trust as a skipped row, leave its slot faulty until
+    :meth:`add_requests` seeds it again, and record the fault in :attr:`error_flag`, a
+    sticky int32 ``[2]`` device buffer that :meth:`errors` reads (docs/semantics.md §1).
     """
 
     def __init__(self, config: CacheConfig, num_slots: int, device,
@@ -71,11 +77,26 @@ class StateRunner:
         self.device = self.state_idx.device  # resolved: "cuda" -> cuda:0
         self.acc = torch.ones(num_slots, dtype=index_dtype, device=self.device)
         self.num_computed = torch.zeros(num_slots, dtype=index_dtype, device=self.device)
+        self.error_flag = torch.from_numpy(new_errors()).to(self.device)
         self.kinds = config.copy_kinds()
 
-    def check_pools(self, pools: Mapping[str, torch.Tensor]) -> None:
-        """The config's check of every pool (``CacheConfig.check_pools``), and the device."""
-        self.config.check_pools(pools, self._describe)
+    def errors(self) -> List[str]:
+        """The faults recorded since the last :meth:`clear_errors` (synchronises), as the
+        messages of :func:`mamba_align.core.decode_errors`; ``[]`` when none."""
+        return decode_errors(self.error_flag.cpu().numpy())
+
+    def raise_errors(self) -> None:
+        """Raise ``ValueError`` naming every recorded fault (synchronises)."""
+        raise_errors(self.error_flag.cpu().numpy())
+
+    def clear_errors(self) -> None:
+        """Clear the error flag (in place: a captured CUDA graph keeps using it)."""
+        self.error_flag.copy_(torch.from_numpy(new_errors()))
+
+    def check_pools(self, pools: Mapping[str, torch.Tensor]) -> int:
+        """The config's check of every pool (``CacheConfig.check_pools``), and the device;
+        returns the blocks every pool has."""
+        return self.config.check_pools(pools, self._describe)
 
     def _describe(self, label: str, pool) -> tuple:
         if not isinstance(pool, torch.Tensor):
@@ -87,8 +108,8 @@ class StateRunner:
     def add_requests(self, slots: torch.Tensor, num_computed: torch.Tensor) -> None:
         """Seed request slots (``[n]`` int) with their computed tokens (0 = fresh, a
         multiple of ``B`` after a prefix-cache hit)."""
-        ops.add_requests_(self.state_idx, self.acc, self.num_computed, slots, num_computed,
-                          block_size=self.config.block_size)
+        ops.add_requests_(self.state_idx, self.acc, self.num_computed, self.error_flag, slots,
+                          num_computed, block_size=self.config.block_size)
 
     def preprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
                    query_len: torch.Tensor, is_spec: torch.Tensor,
@@ -96,11 +117,12 @@ class StateRunner:
         """Bookkeeping, the pre-copy (pre-copy mode) and the resolution of the kernels'
         blocks for one step. ``idx_mapping`` / ``query_len`` int ``[rows]``, ``is_spec``
         bool/int ``[rows]``, ``block_table`` int ``[>= num_slots, max_cols]``."""
-        self.check_pools(pools)
+        num_blocks = self.check_pools(pools)
         cfg = self.config
-        out = ops.preprocess_resolve_(self.state_idx, self.acc, self.num_computed, idx_mapping,
-                                      query_len, is_spec, block_table,
-                                      block_size=cfg.block_size, num_spec=cfg.num_spec,
+        out = ops.preprocess_resolve_(self.state_idx, self.acc, self.num_computed,
+                                      self.error_flag, idx_mapping, query_len, is_spec,
+                                      block_table, block_size=cfg.block_size,
+                                      num_spec=cfg.num_spec, num_blocks=num_blocks,
                                       mode=self.mode.value)
         if self.mode is Mode.PRE_COPY:
             ops.copy_pools_(pools, self.kinds, out)
@@ -112,9 +134,11 @@ class StateRunner:
         """Accept ``num_sampled`` (int ``[rows]``) and save boundary snapshots (other
         arguments as in :meth:`preprocess`). Returns int64 ``[rows]``: the column whose
         block may enter the prefix cache, -1 if none."""
-        self.check_pools(pools)
-        out = ops.postprocess_(self.state_idx, self.acc, self.num_computed, idx_mapping,
-                               query_len, is_spec, num_sampled, block_table,
-                               block_size=self.config.block_size, num_spec=self.config.num_spec)
+        num_blocks = self.check_pools(pools)
+        cfg = self.config
+        out = ops.postprocess_(self.state_idx, self.acc, self.num_computed, self.error_flag,
+                               idx_mapping, query_len, is_spec, num_sampled, block_table,
+                               block_size=cfg.block_size, num_spec=cfg.num_spec,
+                               num_blocks=num_blocks)
         ops.copy_pools_(pools, self.kinds, out)
         return out["cache_col"]

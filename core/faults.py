@@ -1,0 +1,104 @@
+"""The faults the device path detects instead of raising (docs/semantics.md §1, "Bad
+values"), and the sticky error flag that records them.
+
+The kernels cannot stop a step to raise. A row they cannot trust is served as a skipped
+row (it changes nothing, reads and writes no block, gets no cache column), and every
+kernel ORs the fault's bit into a small per-runner int32 buffer, the **error flag**
+``[bits, lowest offending row]``, which the caller reads whenever it chooses to
+synchronise. :func:`decode_errors` turns it into the messages below; the core raises on
+the same conditions.
+
+On the device ``acc`` also carries a slot's phase: positive between steps, negated from
+preprocess to postprocess (a step in flight: a second postprocess, or a preprocess with no
+postprocess, is a fault), and 0 for a **faulty** slot, which a fault leaves behind: no step
+serves it and nothing is cached for it until ``add_requests`` seeds it again.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import List, Optional
+
+import numpy as np
+
+#: ``errors[1]`` when no row is recorded (the kernels keep the minimum row).
+NO_ROW = 2**31 - 1
+
+
+class Fault(enum.IntFlag):
+    """One bit per kind of fault, as the kernels OR them into ``errors[0]``."""
+
+    BAD_SLOT = 1 << 0
+    DUPLICATE_SLOT = 1 << 1
+    BAD_QUERY_LEN = 1 << 2
+    BAD_NUM_SAMPLED = 1 << 3
+    BAD_IS_SPEC = 1 << 4
+    BAD_BLOCK = 1 << 5
+    BAD_COLUMN = 1 << 6
+    BAD_NUM_COMPUTED = 1 << 7
+    OVERFLOW = 1 << 8
+    INCONSISTENT = 1 << 9
+    FAULTY_SLOT = 1 << 10
+    STEP_ORDER = 1 << 11
+
+
+MESSAGES = {
+    Fault.BAD_SLOT: "idx_mapping / slots name a slot outside [0, num_slots) (-1 skips a row)",
+    Fault.DUPLICATE_SLOT: "two rows of one step name the same slot",
+    Fault.BAD_QUERY_LEN: "query_len must be >= 1 on every mapped row, and <= 1 + num_spec on "
+                         "spec rows",
+    Fault.BAD_NUM_SAMPLED: "num_sampled must be in [1, query_len] on spec rows: their window no "
+                           "longer holds the step's initial state (re-admit a discarded "
+                           "request with add_requests)",
+    Fault.BAD_IS_SPEC: "is_spec must be 0 or 1 (were num_sampled and is_spec swapped?)",
+    Fault.BAD_BLOCK: "the block table names, where a row reads or writes, a block outside "
+                     "[1, NB) (-1 = no block; 0 is the null block; NB: the smallest pool)",
+    Fault.BAD_COLUMN: "a row reads or writes a column outside the block table",
+    Fault.BAD_NUM_COMPUTED: "num_computed must be >= 0 and fit the index dtype",
+    Fault.OVERFLOW: "num_computed would pass the range of the index dtype",
+    Fault.INCONSISTENT: "inconsistent bookkeeping: the boundary column is neither state_idx "
+                        "nor state_idx - 1, or the per-slot arrays hold impossible values",
+    Fault.FAULTY_SLOT: "a step names a slot a fault left faulty: re-admit it with "
+                       "add_requests",
+    Fault.STEP_ORDER: "steps out of order: postprocess of a slot with no preprocess since its "
+                      "last postprocess (called twice?), or preprocess of a slot whose step "
+                      "was never postprocessed",
+}
+
+
+def new_errors() -> np.ndarray:
+    """A cleared error flag: int32 ``[2]`` = ``[0, NO_ROW]``."""
+    return np.array([0, NO_ROW], np.int32)
+
+
+def _flag(errors) -> tuple:
+    e = np.asarray(errors).reshape(-1)
+    if e.shape != (2,):
+        raise ValueError(f"errors must have shape [2], got {list(np.asarray(errors).shape)}")
+    return int(e[0]), int(e[1])
+
+
+def decode_errors(errors) -> List[str]:
+    """The messages of the faults an error flag (int ``[2]``, read back to the host)
+    records, in bit order; ``[]`` when it is clear."""
+    bits, _ = _flag(errors)
+    out = [MESSAGES[f] for f in Fault if bits & f]
+    unknown = bits & ~sum(Fault)
+    if unknown:
+        out.append(f"unknown fault bits {unknown:#x}")
+    return out
+
+
+def error_row(errors) -> Optional[int]:
+    """The lowest batch row (or admission row) any recorded fault came from; ``None``."""
+    bits, row = _flag(errors)
+    return row if bits and row != NO_ROW else None
+
+
+def raise_errors(errors) -> None:
+    """Raise ``ValueError`` with every fault an error flag records; nothing if clear."""
+    msgs = decode_errors(errors)
+    if msgs:
+        row = error_row(errors)
+        where = f" (lowest offending row: {row})" if row is not None else ""
+        raise ValueError("the device path skipped faulty rows" + where + ": " + "; ".join(msgs))

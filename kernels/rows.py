@@ -1,0 +1,92 @@
+"""Row helpers the bookkeeping kernels share: a program's batch rows, block-table reads
+that check what they read, duplicate rows, and the error flag (docs/semantics.md §1, "Bad
+values"; the fault bits are :class:`mamba_align.core.faults.Fault`).
+
+A row the kernels cannot trust is served as a skipped row and its fault bits are ORed
+into the error flag ``errors`` (int32 ``[2]``: ``[bits, lowest faulty row]``), an in-place
+array every bookkeeping kernel takes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..core.faults import Fault
+
+BAD_SLOT = tl.constexpr(int(Fault.BAD_SLOT))
+DUPLICATE_SLOT = tl.constexpr(int(Fault.DUPLICATE_SLOT))
+BAD_QUERY_LEN = tl.constexpr(int(Fault.BAD_QUERY_LEN))
+BAD_NUM_SAMPLED = tl.constexpr(int(Fault.BAD_NUM_SAMPLED))
+BAD_IS_SPEC = tl.constexpr(int(Fault.BAD_IS_SPEC))
+BAD_BLOCK = tl.constexpr(int(Fault.BAD_BLOCK))
+BAD_COLUMN = tl.constexpr(int(Fault.BAD_COLUMN))
+BAD_NUM_COMPUTED = tl.constexpr(int(Fault.BAD_NUM_COMPUTED))
+OVERFLOW = tl.constexpr(int(Fault.OVERFLOW))
+INCONSISTENT = tl.constexpr(int(Fault.INCONSISTENT))
+FAULTY_SLOT = tl.constexpr(int(Fault.FAULTY_SLOT))
+STEP_ORDER = tl.constexpr(int(Fault.STEP_ORDER))
+
+
+def index_max(dtype: str) -> int:
+    """The largest count an index array of ``dtype`` (int32 / int64) can hold."""
+    return 2**31 - 1 if dtype == "int32" else 2**63 - 1
+
+
+@triton.jit
+def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
+    """This program's rows ``r``; which exist (``in_batch``); their slots (``ids_ptr``:
+    ``idx_mapping`` or ``slots``); which name a slot (``live``: -1 skips a row); and the
+    fault of a slot outside ``[-1, num_slots)``."""
+    r = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    in_batch = r < num_rows
+    slot = tl.load(ids_ptr + r, mask=in_batch, other=-1).to(tl.int64)
+    bad = in_batch & ((slot < -1) | (slot >= num_slots))
+    live = in_batch & (slot >= 0) & ~bad
+    return r, in_batch, slot, live, tl.where(bad, BAD_SLOT, 0)
+
+
+@triton.jit
+def duplicated(ids_ptr, r, slot, live, num_rows, BLOCK: tl.constexpr):
+    """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
+    every row of a duplicated slot is found, whatever program holds the other."""
+    dup = r < 0  # all false
+    for start in range(0, num_rows, BLOCK):
+        o = start + tl.arange(0, BLOCK).to(tl.int64)
+        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int64)
+        same = (slot[:, None] == other[None, :]) & (r[:, None] != o[None, :])
+        dup = dup | (tl.max(same.to(tl.int32), axis=1) > 0)
+    return dup & live
+
+
+@triton.jit
+def block_at(bt_ptr, slot, col, bt_stride, max_cols, num_blocks, use):
+    """``block_table[slot, col]`` where ``use`` (any shapes that broadcast), checked:
+    returns ``(block, fault)``. A column outside the table or a block outside ``[1, NB)``
+    other than -1 (0 is the null block) is a fault and reads as -1; unused entries are -1."""
+    in_table = (col >= 0) & (col < max_cols)
+    b = tl.load(bt_ptr + slot * bt_stride + col, mask=use & in_table, other=-1).to(tl.int64)
+    bad_block = use & in_table & ((b < -1) | (b == 0) | (b >= num_blocks))
+    fault = tl.where(use & ~in_table, BAD_COLUMN, 0) | tl.where(bad_block, BAD_BLOCK, 0)
+    return tl.where(fault == 0, b, -1), fault
+
+
+@triton.jit
+def _or(a, b):
+    return a | b
+
+
+@triton.jit
+def any_fault(fault, axis: tl.constexpr):
+    """The OR of fault bits along ``axis``."""
+    return tl.reduce(fault, axis, _or)
+
+
+@triton.jit
+def flag(errors_ptr, r, fault):
+    """OR this program's fault bits into ``errors[0]`` and its lowest faulty row into
+    ``errors[1]``: two atomics, and only in a program that found a fault."""
+    bits = any_fault(fault.to(tl.int32), 0)
+    if bits != 0:
+        tl.atomic_or(errors_ptr, bits)
+        tl.atomic_min(errors_ptr + 1, tl.min(tl.where(fault != 0, r, 2**31 - 1)).to(tl.int32))

@@ -1,0 +1,266 @@
+"""Bad input on the device path (docs/semantics.md §1, "Bad values"), both backends: every
+fault is served as a skipped row (no bookkeeping, no block, no copy, no cache column), the
+row's slot is left faulty (acc = 0) until re-admitted, the error flag names the fault, and
+the good rows of the same step give exactly what they give alone. The runners' error
+readers decode the flag into the core's messages."""
+
+import numpy as np
+import pytest
+import torch
+from support import Torch, make_backend, slots
+
+from mamba_align.core import Fault, decode_errors, error_row, new_errors, raise_errors
+from mamba_align.core.faults import MESSAGES, NO_ROW
+
+B, S = 4, 3
+BT = np.arange(10, 26).reshape(4, 4)  # slot r owns blocks 10 + 4r .. 13 + 4r
+NB = 26
+PER_ROW_EMPTY = {"src_col": -1, "src_bias": 0, "run_col": -1, "copy_tsrc": -1, "copy_csrc": -1,
+                 "copy_dst": -1, "copy_bias": 0, "temporal_read": -1, "conv_read": -1,
+                 "conv_read_bias": 0, "conv_write": -1}
+GOOD = (0, 1, 3)  # slot 1: column 0, acc 1, 3 tokens; one more token crosses into column 1
+
+
+def bits(backend):
+    return Fault(int(backend.last_errors[0]))
+
+
+def state_with(slot0, good=GOOD):
+    """Slot 0 as given (state_idx, acc, num_computed), slot 1 a good request, 2-3 unused."""
+    cols = list(zip(slot0, good, (-1, 1, 0), (-1, 1, 0)))
+    return slots(*cols)
+
+
+def assert_skipped(out, b, what):
+    for n, v in PER_ROW_EMPTY.items():
+        assert out[n][b] == v, (what, n)
+    assert (out["temporal_write"][b] == -1).all(), what
+
+
+def assert_good_row_as_alone(backend, state, new, out, bt=BT, num_blocks=NB):
+    alone_state, alone = backend.preprocess_resolve(state, [1], [1], [True], bt, B, S,
+                                                    num_blocks=num_blocks)
+    assert all(np.array_equal(out[n][1], alone[n][0]) for n in out)
+    assert [getattr(new, f)[1] for f in ("state_idx", "acc", "num_computed")] == \
+        [getattr(alone_state, f)[1] for f in ("state_idx", "acc", "num_computed")]
+
+
+# -- preprocess ---------------------------------------------------------------------------------
+def table_with(r, c, block):
+    bt = BT.copy()
+    bt[r, c] = block
+    return bt
+
+
+PRE_CASES = [
+    # (slot 0 state, its query_len, is_spec, block table, num_blocks, expected fault, why)
+    ((0, 1, 3), 2, 1, table_with(0, 1, 99), NB, Fault.BAD_BLOCK, "block 99 in a pool of 26"),
+    ((0, 1, 3), 2, 1, table_with(0, 1, -3), NB, Fault.BAD_BLOCK, "a negative id other than -1"),
+    ((0, 1, 3), 2, 1, table_with(0, 1, 0), NB, Fault.BAD_BLOCK, "the null block"),
+    ((0, 2, 3), 1, 1, table_with(0, 1, 99), NB, Fault.BAD_BLOCK, "read slot 99 (acc 2)"),
+    ((1, 2, 7), 2, 1, table_with(0, 1, 99), NB, Fault.BAD_BLOCK, "pre-copy source 99"),
+    ((3, 1, 15), 2, 1, BT, NB, Fault.BAD_COLUMN, "a window past the block table"),
+    ((0, 1, 3), 5, 1, BT, NB, Fault.BAD_QUERY_LEN, "a spec row with query_len 5 > 1 + S"),
+    ((0, 1, 3), 0, 0, BT, NB, Fault.BAD_QUERY_LEN, "a row without tokens"),
+    ((0, 1, 3), 2, 2, BT, NB, Fault.BAD_IS_SPEC, "is_spec 2 (num_sampled passed instead?)"),
+    ((0, 0, 3), 1, 1, BT, NB, Fault.FAULTY_SLOT, "a faulty slot"),
+    ((0, -1, 3), 1, 1, BT, NB, Fault.STEP_ORDER, "a step in flight: never postprocessed"),
+    ((0, 9, 3), 1, 1, BT, NB, Fault.INCONSISTENT, "acc past the window"),
+]
+
+
+@pytest.mark.parametrize("slot0,q,spec,bt,nb,fault,why", PRE_CASES, ids=[c[-1] for c in PRE_CASES])
+def test_preprocess_skips_a_faulty_row_and_flags_it(device_backend, slot0, q, spec, bt, nb,
+                                                    fault, why):
+    s = state_with(slot0)
+    new, out = device_backend.preprocess_resolve(s, [0, 1], [q, 1], [spec, 1], bt, B, S,
+                                                 num_blocks=nb)
+    assert bits(device_backend) == fault and device_backend.last_errors[1] == 0, why
+    assert_skipped(out, 0, why)
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (slot0[0], 0, slot0[2]), why
+    assert_good_row_as_alone(device_backend, s, new, out, bt, nb)
+
+
+def test_pools_smaller_than_the_block_table(device_backend):
+    # pools of 12 blocks: slot 0 crosses into column 1 and writes columns 1-2 (blocks 11,
+    # 12): block 12 is past the pools; slot 1 (blocks 2..5) is fine
+    s = state_with((0, 1, 3))
+    bt = BT.copy()
+    bt[1] = [2, 3, 4, 5]
+    new, out = device_backend.preprocess_resolve(s, [0, 1], [2, 1], [1, 1], bt, B, S,
+                                                 num_blocks=12)
+    assert bits(device_backend) == Fault.BAD_BLOCK
+    assert_skipped(out, 0, "blocks past the smallest pool")
+    assert_good_row_as_alone(device_backend, s, new, out, bt, 12)
+
+
+def test_minus_one_in_the_table_is_no_block_not_a_fault(device_backend):
+    # -1 = no slot (docs/semantics.md §1): the kernels drop that write, nothing is flagged
+    s = state_with((0, 1, 3))
+    new, out = device_backend.preprocess_resolve(s, [0], [2], [1], table_with(0, 1, -1), B, S,
+                                                 num_blocks=NB)
+    assert bits(device_backend) == 0
+    assert out["temporal_write"][0].tolist() == [-1, 12, -1, -1]  # window columns 1, 2
+    assert new.state_idx[0] == 1
+
+
+def test_duplicate_rows_are_both_skipped(device_backend):
+    s = state_with((0, 1, 3))
+    new, out = device_backend.preprocess_resolve(s, [0, 1, 0], [1, 1, 1], [1, 1, 1], BT, B, S,
+                                                 num_blocks=NB)
+    assert bits(device_backend) == Fault.DUPLICATE_SLOT and device_backend.last_errors[1] == 0
+    assert_skipped(out, 0, "duplicate")
+    assert_skipped(out, 2, "duplicate")
+    assert new.acc[0] == 0 and new.state_idx[0] == 0
+    assert_good_row_as_alone(device_backend, s, new, out)
+
+
+@pytest.mark.parametrize("bad_slot", [7, -3])
+def test_a_slot_outside_the_arrays_is_skipped_and_flagged(device_backend, bad_slot):
+    s = state_with((0, 1, 3))
+    new, out = device_backend.preprocess_resolve(s, [bad_slot, 1], [1, 1], [1, 1], BT, B, S,
+                                                 num_blocks=NB)
+    assert bits(device_backend) == Fault.BAD_SLOT
+    assert_skipped(out, 0, "bad slot")
+    assert new.acc.tolist()[0] == 1  # no slot to mark faulty
+    assert_good_row_as_alone(device_backend, s, new, out)
+
+
+def test_num_computed_near_the_int32_limit_is_flagged():
+    # int32 per-slot arrays: 2^31 - 3 computed tokens plus 4 scheduled would wrap
+    for name in ("torch", "jax"):
+        backend = make_backend(name, index_dtype="int32")
+        s = state_with((0, 1, 2**31 - 3))
+        new, out = backend.preprocess_resolve(s, [0, 1], [4, 1], [1, 1], BT, B, S, num_blocks=NB)
+        assert Fault.OVERFLOW in bits(backend), name
+        assert_skipped(out, 0, "overflow")
+        assert_good_row_as_alone(backend, s, new, out)
+
+
+# -- postprocess --------------------------------------------------------------------------------
+POST_CASES = [
+    # (slot 0 state, query_len, is_spec, num_sampled, table, expected fault, why)
+    # column 1 recorded at 8 tokens, the state moved to column 2: num_sampled = 0 would
+    # re-copy window column 0 over the recorded column 1
+    ((2, 2, 8), 2, 1, 0, BT, Fault.BAD_NUM_SAMPLED, "num_sampled = 0 on a boundary"),
+    ((1, 1, 6), 5, 1, 2, BT, Fault.BAD_QUERY_LEN, "query_len 5 > 1 + S: never-written candidates"),
+    ((1, 1, 6), 2, 1, 3, BT, Fault.BAD_NUM_SAMPLED, "num_sampled > query_len"),
+    ((1, 1, 8), 0, 0, 0, BT, Fault.BAD_QUERY_LEN, "a non-spec row without tokens, on a boundary"),
+    ((1, 1, 6), 2, 3, 2, BT, Fault.BAD_IS_SPEC, "is_spec 3"),
+    ((3, 1, 2), 2, 1, 2, BT, Fault.INCONSISTENT, "boundary column 0 far behind column 3"),
+    ((1, 1, 6), 2, 1, 2, table_with(0, 1, 99), Fault.BAD_BLOCK, "cached block 99"),
+    ((1, 2, 6), 2, 1, 2, table_with(0, 2, 99), Fault.BAD_BLOCK, "copy source 99"),
+    ((-1, 1, 0), 8, 0, 1, BT, Fault.INCONSISTENT, "postprocess with no running column"),
+]
+
+
+@pytest.mark.parametrize("slot0,q,spec,ns,bt,fault,why", POST_CASES, ids=[c[-1] for c in POST_CASES])
+def test_postprocess_skips_a_faulty_row_and_caches_nothing(device_backend, slot0, q, spec, ns,
+                                                           bt, fault, why):
+    s = state_with(slot0, good=(0, 1, 3))
+    new, out = device_backend.postprocess(s, [0, 1], [q, 1], [spec, 1], [ns, 1], bt, B, S,
+                                          num_blocks=NB)
+    assert bits(device_backend) == fault and device_backend.last_errors[1] == 0, why
+    assert out["cache_col"][0] == -1, why
+    assert all(out[n][0] == -1 for n in ("copy_tsrc", "copy_csrc", "copy_dst")), why
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (slot0[0], 0, slot0[2]), why
+    # the good row of the same step gives its result alone (3 + 1 = 4: column 0's boundary)
+    alone, alone_out = device_backend.postprocess(s, [1], [1], [True], [1], bt, B, S,
+                                                  num_blocks=NB)
+    assert (out["cache_col"][1], new.num_computed[1], new.acc[1]) == (0, 4, 1)
+    assert alone_out["cache_col"].tolist() == [0] and alone.num_computed[1] == 4
+
+
+def test_a_cached_block_of_minus_one_gives_no_cache_column(device_backend):
+    s = state_with((1, 1, 6))
+    _, out = device_backend.postprocess(s, [0], [2], [1], [2], table_with(0, 1, -1), B, S,
+                                        num_blocks=NB)
+    assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
+
+
+def test_postprocess_skips_a_faulty_slot_silently(device_backend):
+    # it was flagged when it became faulty; the step's postprocess changes nothing more
+    s = state_with((1, 0, 6))
+    new, out = device_backend.postprocess(s, [0], [2], [1], [2], BT, B, S, num_blocks=NB)
+    assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
+    assert (new.acc[0], new.num_computed[0]) == (0, 6)
+
+
+# -- add_requests -------------------------------------------------------------------------------
+@pytest.mark.parametrize("slots_,nc,fault,faulty", [
+    ([7, 1], [5, 4], Fault.BAD_SLOT, []),
+    ([-3, 1], [5, 4], Fault.BAD_SLOT, []),
+    ([2, 1], [-4, 4], Fault.BAD_NUM_COMPUTED, [2]),
+    ([2, 1, 2], [5, 4, 9], Fault.DUPLICATE_SLOT, [2]),
+])
+def test_add_requests_skips_bad_rows(device_backend, slots_, nc, fault, faulty):
+    s = state_with((0, 1, 3))
+    new = device_backend.add_requests(s, slots_, nc, B)
+    assert bits(device_backend) == fault and device_backend.last_errors[1] == 0
+    assert new.num_computed[1] == 4 and new.state_idx[1] == 0  # the good admission
+    for r in range(4):
+        if r in faulty:
+            assert new.acc[r] == 0  # left faulty, not stale
+        elif r != 1:
+            assert [getattr(new, f)[r] for f in ("state_idx", "acc", "num_computed")] == \
+                [getattr(s, f)[r] for f in ("state_idx", "acc", "num_computed")]
+
+
+def test_add_requests_skips_minus_one_silently(device_backend):
+    new = device_backend.add_requests(state_with((0, 1, 3)), [-1, 2], [5, 4], B)
+    assert bits(device_backend) == 0 and new.num_computed.tolist() == [3, 3, 4, 0]
+
+
+def test_int64_num_computed_past_int32_state_is_flagged():
+    backend = Torch(index_dtype="int32")
+    s = state_with((0, 1, 3))
+    st = backend._state(s)
+    backend.ops.add_requests_(*st, backend.ids([2]), torch.tensor([2**31], device=backend.device),
+                              block_size=B)
+    new = backend._back(st)
+    assert bits(backend) == Fault.BAD_NUM_COMPUTED and new.acc[2] == 0
+
+
+def test_re_admission_clears_a_faulty_slot(device_backend):
+    s = state_with((0, 0, 3))  # slot 0 faulty
+    new = device_backend.add_requests(s, [0], [4], B)
+    assert bits(device_backend) == 0 and (new.state_idx[0], new.acc[0]) == (0, 1)
+    _, out = device_backend.preprocess_resolve(new, [0], [1], [1], BT, B, S, num_blocks=NB)
+    assert bits(device_backend) == 0 and out["run_col"].tolist() == [1]
+
+
+# -- the error flag ---------------------------------------------------------------------------
+def test_decoding_the_error_flag():
+    assert decode_errors(new_errors()) == [] and error_row(new_errors()) is None
+    raise_errors(new_errors())  # clear: nothing raised
+    e = np.array([int(Fault.BAD_BLOCK | Fault.DUPLICATE_SLOT), 3], np.int32)
+    assert decode_errors(e) == [MESSAGES[Fault.DUPLICATE_SLOT], MESSAGES[Fault.BAD_BLOCK]]
+    assert error_row(e) == 3
+    with pytest.raises(ValueError, match=r"lowest offending row: 3\): two rows of one step"):
+        raise_errors(e)
+    assert "unknown fault bits" in decode_errors(np.array([1 << 20, NO_ROW]))[0]
+    with pytest.raises(ValueError, match="shape"):
+        decode_errors(np.zeros(3))
+
+
+def test_the_flag_is_sticky_and_keeps_the_lowest_row(device_backend):
+    """Faults OR together across launches; the row is the lowest seen."""
+    import jax.numpy as jnp
+
+    s = state_with((0, 1, 3))
+    if device_backend.name == "torch":
+        st = device_backend._state(s)
+        ops = device_backend.ops
+        ops.add_requests_(*st, device_backend.ids([1, 9]), device_backend.ids([4, 4]), block_size=B)
+        ops.add_requests_(*st, device_backend.ids([3, 3, 1]), device_backend.ids([0, 0, 0]),
+                          block_size=B)
+        e = device_backend.host(st[3])
+    else:
+        st = device_backend._state(s)
+        out = device_backend.ops.add_requests(*st, jnp.array([1, 9]), jnp.array([4, 4]),
+                                              block_size=B)
+        out = device_backend.ops.add_requests(out["state_idx"], out["acc"], out["num_computed"],
+                                              out["errors"], jnp.array([3, 3, 1]),
+                                              jnp.array([0, 0, 0]), block_size=B)
+        e = np.asarray(out["errors"])
+    assert Fault(int(e[0])) == Fault.BAD_SLOT | Fault.DUPLICATE_SLOT and e[1] == 0
