@@ -12,6 +12,8 @@ if "TRITON_INTERPRET" not in os.environ and not (
 ):
     os.environ["TRITON_INTERPRET"] = "1"
 
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
 from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # noqa: E402
                    check_pool, check_step_scalars, pool_scalars, table_scalars)
 from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa: E402
@@ -19,6 +21,13 @@ from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa:
 from .copy import (COPY_CONV, COPY_TEMPORAL, plan_copy_conv, plan_copy_temporal,  # noqa: E402
                    pool_align, pool_copies)
 from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
+
+def interpreted(kernel) -> bool:
+    """Whether ``kernel`` runs in Triton's CPU interpreter (else compiled, CUDA only). A
+    backend asks here rather than importing triton itself: the first triton import must
+    come after the choice above."""
+    return isinstance(kernel, InterpretedFunction)
+
 
 #: Every operation both backends expose (one generic launcher each).
 OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV)
@@ -28,5 +37,5 @@ __all__ = [
     "check_array", "check_pool", "check_step_scalars", "pool_scalars", "table_scalars",
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
     "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",
-    "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies",
+    "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies", "interpreted",
 ]

@@ -4,7 +4,10 @@ implementation, so a whole step compiles with ``torch.compile(fullgraph=True)`` 
 what the eager step gives, at any batch size. Runs on the CPU (inductor, the kernels in Triton's interpreter)
 and on the GPU; CUDA-graph capture and host synchronisation are in ``test_torch_gpu.py``."""
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -72,3 +75,17 @@ def test_cpu_tensors_for_compiled_kernels_get_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="kernels run compiled on CUDA devices"):
         ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
     assert (pool == 0).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU interpreter path")
+def test_a_cpu_script_needs_no_environment_variable(tmp_path):
+    # the package chooses the interpreter before triton is first imported; a backend that
+    # imported triton itself first left triton.language's reductions uninterpretable
+    code = ("import torch\n"
+            "from mamba_align.backends.torch import ops\n"
+            "pool = torch.zeros(1, 4, 2, 8)\n"
+            "pool[0, 1] = 7\n"
+            "ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))\n"
+            "assert pool[0, 2].eq(7).all()\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True)

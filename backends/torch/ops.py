@@ -17,7 +17,6 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
-from triton.runtime.interpreter import InterpretedFunction
 
 from ... import kernels as K
 
@@ -65,7 +64,7 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
     in-place arrays are updated, new outputs returned by name."""
     plan = _plan(op, arrays, statics)
     dev = _device(arrays)
-    if dev.type != "cuda" and not isinstance(plan.kernel, InterpretedFunction):
+    if dev.type != "cuda" and not K.interpreted(plan.kernel):
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
