@@ -95,10 +95,14 @@ def error_row(errors) -> Optional[int]:
     return row if bits and row != NO_ROW else None
 
 
-def raise_errors(errors) -> None:
+def raise_errors(errors, what: str = "the device path skipped faulty rows") -> None:
     """Raise ``ValueError`` with every fault an error flag records; nothing if clear."""
     msgs = decode_errors(errors)
     if msgs:
         row = error_row(errors)
         where = f" (lowest offending row: {row})" if row is not None else ""
-        raise ValueError("the device path skipped faulty rows" + where + ": " + "; ".join(msgs))
+        raise ValueError(what + where + ": " + "; ".join(msgs))
+
+
+#: What a checked step (``validate=True``) raises with: nothing was launched for real.
+CHECKED = "bad step input, nothing changed"

@@ -10,6 +10,11 @@ GPU updates them in place::
 Bad values in the step's arrays do not raise: the kernels serve a row they cannot trust as
 a skipped row, leave its slot faulty until :func:`add_requests` seeds it again, and record
 the fault in ``state.errors``, which :func:`errors` reads (docs/semantics.md §1).
+
+The checked mode, ``validate=True`` on every step function, raises instead: eagerly with
+the messages of :data:`mamba_align.core.faults.MESSAGES`, and under ``jax.jit`` through
+``jax.experimental.checkify`` (``err, out = checkify.checkify(jitted_step)(...)``;
+``err.throw()``). A faulty checked call returns the state unchanged and copies nothing.
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ from typing import Dict, List, NamedTuple, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 
 from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
-from ...core.faults import decode_errors, new_errors
+from ...core.faults import CHECKED, MESSAGES, Fault, decode_errors, new_errors
 from ...core.resolve import Mode, check_mode
 from . import ops
 
@@ -84,18 +90,45 @@ def _check(config: CacheConfig, pools: Pools) -> int:
     return config.check_pools(pools, _describe)
 
 
+def _bookkeeping(op, state: SlotArrays, args: tuple, statics: dict, validate: bool) -> dict:
+    """``op`` on the state's arrays; checked (``validate``): on a clear flag, then one
+    ``checkify.check`` per fault kind with its message, and a faulty call changes nothing
+    (the state as it was, no copy), also under ``checkify.checkify`` where the step runs on."""
+    instance("validate", validate, bool)
+    if not validate:
+        return op(*state, *args, **statics)
+    out = dict(op(state.state_idx, state.acc, state.num_computed, jnp.asarray(new_errors()),
+                  *args, **statics))
+    bits, row = out["errors"][0], out["errors"][1]
+    for f in Fault:
+        checkify.check((bits & int(f)) == 0, f"{CHECKED}: {MESSAGES[f]} (lowest offending "
+                       "row: {row})", row=row)
+    ok = bits == 0
+    for name in ("state_idx", "acc", "num_computed"):
+        if name in out:
+            out[name] = jnp.where(ok, out[name], getattr(state, name))
+    for name in ("copy_tsrc", "copy_csrc", "copy_dst"):
+        if name in out:
+            out[name] = jnp.where(ok, out[name], -1)
+    out["errors"] = state.errors
+    return out
+
+
 def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *,
-                 config: CacheConfig) -> SlotArrays:
-    """Seed ``slots`` ([n] int32/int64) with their computed tokens ``num_computed`` ([n]:
-    0 fresh, k·B on a prefix hit)."""
+                 config: CacheConfig, validate: bool = False) -> SlotArrays:
+    """Seed ``slots`` ([n] int32/int64, -1 = skip) with their computed tokens
+    ``num_computed`` ([n]: 0 fresh, k·B on a prefix hit). ``validate``: the checked mode
+    (see the module)."""
     instance("config", config, CacheConfig)
-    out = ops.add_requests(*state, slots, num_computed, block_size=config.block_size)
+    out = _bookkeeping(ops.add_requests, state, (slots, num_computed),
+                       {"block_size": config.block_size}, validate)
     return SlotArrays(out["state_idx"], out["acc"], out["num_computed"], out["errors"])
 
 
 def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_len: jax.Array,
                is_spec: jax.Array, block_table: jax.Array, *, config: CacheConfig,
-               mode: Union[Mode, str] = Mode.PRE_COPY) -> Tuple[SlotArrays, Pools, JaxBlocks]:
+               mode: Union[Mode, str] = Mode.PRE_COPY,
+               validate: bool = False) -> Tuple[SlotArrays, Pools, JaxBlocks]:
     """Bookkeeping, the pre-copy (pre-copy mode) and the resolution of the kernels' blocks
     for one step.
 
@@ -103,12 +136,14 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_le
     ``is_spec`` ([rows] bool/int8/int32), ``block_table`` ([>= num_slots, cols] int);
     ``pools`` maps each state name of ``config`` to its ``[L, NB, *block]`` pool of the
     spec's dtype (other entries are ignored and returned as they are). Returns the new state
-    and pools and the rows' blocks (per-row arrays int32, int64 with x64)."""
+    and pools and the rows' blocks (per-row arrays int32, int64 with x64). ``validate``:
+    the checked mode (see the module)."""
     mode = check_mode(mode)
     num_blocks = _check(config, pools)
-    out = ops.preprocess_resolve(*state, idx_mapping, query_len, is_spec, block_table,
-                                 block_size=config.block_size, num_spec=config.num_spec,
-                                 num_blocks=num_blocks, mode=mode.value)
+    out = _bookkeeping(ops.preprocess_resolve, state, (idx_mapping, query_len, is_spec,
+                                                       block_table),
+                       {"block_size": config.block_size, "num_spec": config.num_spec,
+                        "num_blocks": num_blocks, "mode": mode.value}, validate)
     state = SlotArrays(out["state_idx"], out["acc"], state.num_computed, out["errors"])
     if mode is Mode.PRE_COPY:
         pools = ops.copy_pools(pools, config.copy_kinds(), out)
@@ -117,14 +152,16 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_le
 
 def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_len: jax.Array,
                 is_spec: jax.Array, num_sampled: jax.Array, block_table: jax.Array, *,
-                config: CacheConfig) -> Tuple[SlotArrays, Pools, jax.Array]:
+                config: CacheConfig, validate: bool = False
+                ) -> Tuple[SlotArrays, Pools, jax.Array]:
     """Accept ``num_sampled`` ([rows] int) and save boundary snapshots (other arguments as
     in :func:`preprocess`); returns the new state, pools and per-row ``cache_col`` ([rows]:
     the column whose block may enter the prefix cache, -1 if none)."""
     num_blocks = _check(config, pools)
-    post = ops.postprocess(*state, idx_mapping, query_len, is_spec, num_sampled, block_table,
-                           block_size=config.block_size, num_spec=config.num_spec,
-                           num_blocks=num_blocks)
+    post = _bookkeeping(ops.postprocess, state, (idx_mapping, query_len, is_spec, num_sampled,
+                                                 block_table),
+                        {"block_size": config.block_size, "num_spec": config.num_spec,
+                         "num_blocks": num_blocks}, validate)
     state = SlotArrays(state.state_idx, post["acc"], post["num_computed"], post["errors"])
     pools = ops.copy_pools(pools, config.copy_kinds(), post)
     return state, pools, post["cache_col"]

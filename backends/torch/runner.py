@@ -20,7 +20,7 @@ import torch
 from ...core.checks import index_dtype as index_dtype_name
 from ...core.checks import instance, positive_int
 from ...core.config import CacheConfig
-from ...core.faults import decode_errors, new_errors, raise_errors
+from ...core.faults import CHECKED, decode_errors, new_errors, raise_errors
 from ...core.resolve import Mode, check_mode
 from . import ops
 
@@ -51,7 +51,11 @@ class StateRunner:
     ``mode`` is :class:`~mamba_align.core.Mode` ``PRE_COPY`` / ``"pre-copy"`` (copy the
     state into the new running block before the forward) or ``COPY_FREE`` /
     ``"copy-free"`` (kernels read crossing rows from the old column). ``index_dtype`` is
-    the dtype of the per-slot arrays (int32 or int64).
+    the dtype of the per-slot arrays (int32 or int64). ``validate=True`` is the checked
+    mode: every step method first runs its bookkeeping kernel on copies of the per-slot
+    arrays, reads the faults back (one synchronisation) and raises ``ValueError`` with
+    their messages before anything changes; meant for development and tests, not for
+    CUDA graphs.
 
     ``pools`` (every step method) maps each state name of ``config`` to its ``[L, NB,
     *block_shape]`` tensor of the spec's dtype on the runner's device; other entries are
@@ -65,8 +69,10 @@ class StateRunner:
 
     def __init__(self, config: CacheConfig, num_slots: int, device,
                  mode: Union[Mode, str] = Mode.PRE_COPY,
-                 index_dtype: torch.dtype = torch.int32) -> None:
+                 index_dtype: torch.dtype = torch.int32, validate: bool = False) -> None:
         instance("config", config, CacheConfig)
+        instance("validate", validate, bool)
+        self.validate = validate
         self.mode = check_mode(mode)
         if not isinstance(index_dtype, torch.dtype):
             raise TypeError(f"index_dtype must be a torch.dtype, got {index_dtype!r}")
@@ -105,11 +111,21 @@ class StateRunner:
             raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
         return tuple(pool.shape), ops.dtype_name(pool.dtype)
 
+    def _bookkeeping(self, launch):
+        """``launch(state_idx, acc, num_computed, errors)`` on the runner's arrays; in the
+        checked mode first on copies, raising before anything changes if it faults."""
+        if self.validate:
+            trial = [t.clone() for t in (self.state_idx, self.acc, self.num_computed)]
+            flag = torch.from_numpy(new_errors()).to(self.device)
+            launch(*trial, flag)
+            raise_errors(flag.cpu().numpy(), CHECKED)
+        return launch(self.state_idx, self.acc, self.num_computed, self.error_flag)
+
     def add_requests(self, slots: torch.Tensor, num_computed: torch.Tensor) -> None:
-        """Seed request slots (``[n]`` int) with their computed tokens (0 = fresh, a
-        multiple of ``B`` after a prefix-cache hit)."""
-        ops.add_requests_(self.state_idx, self.acc, self.num_computed, self.error_flag, slots,
-                          num_computed, block_size=self.config.block_size)
+        """Seed request slots (``[n]`` int, -1 = skip) with their computed tokens (0 =
+        fresh, a multiple of ``B`` after a prefix-cache hit)."""
+        self._bookkeeping(lambda *state: ops.add_requests_(
+            *state, slots, num_computed, block_size=self.config.block_size))
 
     def preprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
                    query_len: torch.Tensor, is_spec: torch.Tensor,
@@ -119,11 +135,9 @@ class StateRunner:
         bool/int ``[rows]``, ``block_table`` int ``[>= num_slots, max_cols]``."""
         num_blocks = self.check_pools(pools)
         cfg = self.config
-        out = ops.preprocess_resolve_(self.state_idx, self.acc, self.num_computed,
-                                      self.error_flag, idx_mapping, query_len, is_spec,
-                                      block_table, block_size=cfg.block_size,
-                                      num_spec=cfg.num_spec, num_blocks=num_blocks,
-                                      mode=self.mode.value)
+        out = self._bookkeeping(lambda *state: ops.preprocess_resolve_(
+            *state, idx_mapping, query_len, is_spec, block_table, block_size=cfg.block_size,
+            num_spec=cfg.num_spec, num_blocks=num_blocks, mode=self.mode.value))
         if self.mode is Mode.PRE_COPY:
             ops.copy_pools_(pools, self.kinds, out)
         return TorchBlocks(*(out[f] for f in _FIELDS))
@@ -136,9 +150,8 @@ class StateRunner:
         block may enter the prefix cache, -1 if none."""
         num_blocks = self.check_pools(pools)
         cfg = self.config
-        out = ops.postprocess_(self.state_idx, self.acc, self.num_computed, self.error_flag,
-                               idx_mapping, query_len, is_spec, num_sampled, block_table,
-                               block_size=cfg.block_size, num_spec=cfg.num_spec,
-                               num_blocks=num_blocks)
+        out = self._bookkeeping(lambda *state: ops.postprocess_(
+            *state, idx_mapping, query_len, is_spec, num_sampled, block_table,
+            block_size=cfg.block_size, num_spec=cfg.num_spec, num_blocks=num_blocks))
         ops.copy_pools_(pools, self.kinds, out)
         return out["cache_col"]
