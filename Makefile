@@ -1,8 +1,9 @@
 # make test  : create .venv with the CI pins if needed, install the package, run pytest
 # make demo  : same set-up, then run the main example
 # make gpu   : on the GPU machine (device tool): the image's torch/triton, the whole test
-#              suite compiled on the GPU (gpu-test), then the benchmarks (gpu-bench); logs
-#              and results to $(OUT)
+#              suite compiled on the GPU (gpu-test), the fuzz suite at 5000 examples per
+#              backend (gpu-fuzz), compute-sanitizer over the kernel tests (sanitize), then
+#              the benchmarks (gpu-bench); logs and results to $(OUT)
 SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +13,7 @@ PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-bench
+.PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-fuzz sanitize gpu-bench
 
 venv: $(STAMP)
 
@@ -35,8 +36,8 @@ clean:
 OUT ?= benchmarks/results
 SITE := /tmp/site
 # carried wheels (.whl/, e.g. jax-triton==0.3.1) go to $(SITE), first on PYTHONPATH
-gpu gpu-setup gpu-test gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
-gpu: gpu-test gpu-bench
+gpu gpu-setup gpu-test gpu-fuzz sanitize gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
+gpu: gpu-test gpu-fuzz sanitize gpu-bench
 
 gpu-setup:
 	python3 -m pip install -q --no-deps --no-build-isolation --no-index -e .
@@ -49,6 +50,30 @@ gpu-setup:
 gpu-test: gpu-setup
 	set -o pipefail; python3 -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
 
+FUZZ_GPU ?= 5000
+gpu-fuzz: gpu-setup
+	set -o pipefail; FUZZ_EXAMPLES=$(FUZZ_GPU) python3 -m pytest -q -p no:cacheprovider \
+	  tests/test_fuzz.py --hypothesis-show-statistics 2>&1 | tee $(OUT)/gpu_fuzz.log
+
+# memcheck over the kernel tests (copies, bookkeeping, faults, a shorter fuzz run), racecheck
+# over the copies (the in-place conv shift among them); racecheck sees shared memory only
+SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
+	tests/test_faults.py tests/test_fuzz.py
+sanitize: gpu-setup
+	set -o pipefail; FUZZ_EXAMPLES=100 $(SANITIZER) --tool memcheck --error-exitcode 1 \
+	  python3 -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS) 2>&1 | tee $(OUT)/sanitize_memcheck.log
+	set -o pipefail; $(SANITIZER) --tool racecheck --error-exitcode 1 \
+	  python3 -m pytest -q -p no:cacheprovider tests/test_copy.py 2>&1 | tee $(OUT)/sanitize_racecheck.log
+
+# a same-run baseline for the step benchmark: an earlier version of the package, carried
+# in the git-ignored .baseline/mamba_align (git archive <rev> --prefix=mamba_align/)
 gpu-bench: gpu-setup
 	set -o pipefail; python3 benchmarks/bench_copy.py --out $(OUT) 2>&1 | tee $(OUT)/bench_copy.log
 	set -o pipefail; python3 benchmarks/bench_dispatch.py --out $(OUT) 2>&1 | tee $(OUT)/bench_dispatch.log
+	set -o pipefail; python3 benchmarks/bench_dispatch.py --out $(OUT) --rows 512 --label rows512 \
+	  2>&1 | tee $(OUT)/bench_dispatch_rows512.log
+	if [ -d .baseline/mamba_align ]; then set -o pipefail; for r in 64 512; do \
+	  PYTHONPATH=$(CURDIR)/.baseline:$(SITE) python3 benchmarks/bench_dispatch.py --out $(OUT) \
+	  --rows $$r --label baseline_rows$$r 2>&1 | tee $(OUT)/bench_dispatch_baseline_rows$$r.log; \
+	  done; fi

@@ -1,23 +1,30 @@
-"""Host dispatch cost of one bookkeeping step (preprocess + pre-copy + resolve).
+"""Host dispatch cost of one bookkeeping step (preprocess + pre-copy + resolve, then
+postprocess + its copies).
 
-A small decode batch where no row crosses a block boundary: every slot is seeded with one
-computed token and each row schedules ``1 + S`` tokens, so all rows stay in column 0 and the
-pre-copy launches run but copy nothing. Preprocess of the same inputs is idempotent
-(``state_idx = max(state_idx, ...)``), so the step can be repeated as is. Three ways:
+A decode batch in which no row reaches a block boundary: every slot is seeded with one
+computed token, each row schedules ``1 + S`` tokens and accepts 2, and the block size is
+so large (2^20) that every step stays in column 0: the copy launches run but copy nothing,
+and the step can be repeated as is. Ways:
 
-- ``jax_jit``: one ``jax.jit`` of ``mamba_align.backends.jax.preprocess`` (config and mode
-  static, state and pools donated), host timer :func:`bench_copy.host_ms` (back-to-back
-  calls, ``block_until_ready`` on the last output);
-- ``torch_eager``: ``StateRunner.preprocess``, same host timer with a final synchronize;
+- ``jax_jit``: one ``jax.jit`` of ``mamba_align.backends.jax.preprocess`` + ``postprocess``
+  (config and mode static, state and pools donated), host timer :func:`bench_copy.host_ms`
+  (back-to-back calls, ``block_until_ready`` on the last output);
+- ``torch_eager``: ``StateRunner.preprocess`` + ``postprocess``, same host timer with a
+  final synchronize;
 - ``torch_graph``: the same call captured once in a CUDA graph, ``graph.replay()`` timed
-  the same way (GPU only).
+  the same way (GPU only);
+- ``*_checked``: the checked mode (``validate=True``): torch eager (a trial launch on copies
+  and one synchronisation per step) and the jitted JAX step through ``checkify``.
 
 Usage::
 
-    python benchmarks/bench_dispatch.py [--out benchmarks/results] [--small]
+    python benchmarks/bench_dispatch.py [--out benchmarks/results] [--small] [--label L]
 
-Writes ``dispatch_h200.json`` under ``--out``; ``make_benchmarks_md.py`` adds it to
-``BENCHMARKS.md``. ``--small`` (CPU smoke run, Triton interpreter): tiny pools, few calls.
+Writes ``dispatch_h200.json`` (``dispatch_<L>_h200.json`` with a label) under ``--out``;
+``make_benchmarks_md.py`` adds it to ``BENCHMARKS.md``. ``--small`` (CPU smoke run, Triton
+interpreter): tiny pools, few calls. The same script runs on an earlier version of the
+package (``PYTHONPATH`` first), for a same-run baseline: variants that version lacks are
+left out.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is
 
 import argparse
 import datetime
+import inspect
 import json
 import statistics
 import subprocess
@@ -44,6 +52,7 @@ from bench_copy import host_ms  # noqa: E402  (also makes mamba_align importable
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from jax.experimental import checkify  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
@@ -57,10 +66,10 @@ CMDBUF_FLAGS = "--xla_gpu_graph_min_graph_size=1"
 SLOT_FIELDS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
 
 
-def setup(small: bool) -> Dict[str, Any]:
+def setup(small: bool, rows: int = 64) -> Dict[str, Any]:
     """Config and host inputs: ``rows`` live slots spread over ``slots``, each with its own
     ``1 + S`` blocks in the block table (0 = null block), one computed token per slot."""
-    B, S, rows, slots, layers = 64, 3, 64, 256, 2
+    B, S, slots, layers = 1 << 20, 3, max(256, rows), 2
     conv = ConvSpec(4, 32 if small else 8192, "SD", "bfloat16")
     ssm = TemporalSpec((2, 8, 8) if small else (32, 128, 128))
     config = CacheConfig(B, S, layers, {"conv": conv, "ssm": ssm})
@@ -71,7 +80,19 @@ def setup(small: bool) -> Dict[str, Any]:
     return {"config": config, "slots": slots, "num_blocks": rows * cols + 1, "live": live,
             "idx_mapping": live, "query_len": np.full(rows, 1 + S, np.int32),
             "is_spec": np.ones(rows, bool), "block_table": table,
-            "num_computed": np.ones(rows, np.int32)}
+            "num_computed": np.ones(rows, np.int32), "num_sampled": np.full(rows, 2, np.int32)}
+
+
+CHECKED = "validate" in inspect.signature(mj.preprocess).parameters  # this version has it
+
+
+def jax_step(state, pools, idx, q, spec, bt, ns, *, config, validate=False):
+    """One whole step, as a jitted serving loop would run it."""
+    kw = {"validate": True} if validate else {}
+    state, pools, blocks = mj.preprocess(state, pools, idx, q, spec, bt, config=config,
+                                         mode="pre-copy", **kw)
+    state, pools, cache = mj.postprocess(state, pools, idx, q, spec, ns, bt, config=config, **kw)
+    return state, pools, blocks
 
 
 def pool_shapes(s: Dict[str, Any]) -> Dict[str, tuple]:
@@ -101,24 +122,25 @@ def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
     resolved slots (host) after the first step."""
     cfg = s["config"]
     J = jnp.asarray  # noqa: N806
-    inputs = (J(s["idx_mapping"]), J(s["query_len"]), J(s["is_spec"]), J(s["block_table"]))
+    inputs = (J(s["idx_mapping"]), J(s["query_len"]), J(s["is_spec"]), J(s["block_table"]),
+              J(s["num_sampled"]))
     state = jax.jit(mj.add_requests, static_argnames="config")(
         mj.init_state(s["slots"]), J(s["live"]), J(s["num_computed"]), config=cfg)
     seeded = np.asarray(state.state_idx)
     pools = {n: jnp.zeros(shape, cfg.states[n].dtype) for n, shape in pool_shapes(s).items()}
-    step = jax.jit(mj.preprocess, static_argnames=("config", "mode"), donate_argnums=(0, 1))
-    state, pools, slots = step(state, pools, *inputs, config=cfg, mode="pre-copy")
+    step = jax.jit(jax_step, static_argnames=("config", "validate"), donate_argnums=(0, 1))
+    state, pools, slots = step(state, pools, *inputs, config=cfg)
     first = {f: np.asarray(getattr(slots, f)) for f in SLOT_FIELDS}
     if not np.array_equal(np.asarray(state.state_idx), seeded):
         raise SystemExit("JAX preprocess moved a row: the batch is not crossing-free")
-    fn = lambda c: step(c[0], c[1], *inputs, config=cfg, mode="pre-copy")  # noqa: E731
+    fn = lambda c: step(c[0], c[1], *inputs, config=cfg)  # noqa: E731
     ms, carry = host_ms(fn, (state, pools, slots), jax.block_until_ready, **timer)
     enq, (state, pools, _) = enqueue_ms(fn, carry, jax.block_until_ready, n=timer["n0"],
                                         reps=timer["reps"])
     out = {"jax_jit": (ms, enq)}
 
     def body(c, _):  # a decode loop: SCAN steps in one jitted call
-        st, p, _blocks = mj.preprocess(c[0], c[1], *inputs, config=cfg, mode="pre-copy")
+        st, p, _blocks = jax_step(c[0], c[1], *inputs, config=cfg)
         return (st, p), None
 
     scan = jax.jit(lambda c: jax.lax.scan(body, c, None, length=SCAN)[0], donate_argnums=0)
@@ -128,12 +150,36 @@ def run_jax(s: Dict[str, Any], timer: Dict[str, Any]) -> tuple:
     out[f"jax_scan{SCAN}_per_step"] = (ms / SCAN, enq / SCAN)
     if not np.array_equal(np.asarray(state.state_idx), seeded):
         raise SystemExit("JAX state_idx changed over repeated steps")
+
+    out["jax_floor_x_plus_1"] = floor(timer)
+    if not CHECKED:
+        return out, first
+
+    def checked(st, p):  # the checked mode: faults come back in checkify's error
+        return jax_step(st, p, *inputs, config=cfg, validate=True)
+
+    cstep = jax.jit(checkify.checkify(checked), donate_argnums=(0, 1))
+
+    def cfn(c):
+        err, (st, p, _) = cstep(c[0], c[1])
+        return st, p, err
+
+    csync = lambda c: (jax.block_until_ready(c[:2]), c)[1]  # noqa: E731
+    ms, (state, pools, err) = host_ms(cfn, (state, pools, None), csync, **timer)
+    if err.get() is not None:
+        raise SystemExit(f"the checked JAX step faulted: {err.get()}")
+    enq, (state, pools, _) = enqueue_ms(cfn, (state, pools, None), csync, n=timer["n0"],
+                                        reps=timer["reps"])
+    out["jax_jit_checked"] = (ms, enq)
+    return out, first
+
+
+def floor(timer: Dict[str, Any]) -> tuple:
+    """What any jitted call costs on this host: a donated ``x + 1`` on int32[64]."""
     inc = jax.jit(lambda a: a + 1, donate_argnums=0)
     x = jnp.zeros(64, jnp.int32)
     ms, x = host_ms(inc, x, jax.block_until_ready, **timer)
-    out["jax_floor_x_plus_1"] = (ms, enqueue_ms(inc, x, jax.block_until_ready, n=timer["n0"],
-                                                reps=timer["reps"])[0])
-    return out, first
+    return ms, enqueue_ms(inc, x, jax.block_until_ready, n=timer["n0"], reps=timer["reps"])[0]
 
 
 def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
@@ -145,28 +191,42 @@ def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
     seeded = runner.state_idx.clone()
     pools = {n: torch.zeros(shape, dtype=getattr(torch, cfg.states[n].dtype), device=dev)
              for n, shape in pool_shapes(s).items()}
-    inputs = (T(s["idx_mapping"]), T(s["query_len"]), T(s["is_spec"]), T(s["block_table"]))
-    slots = runner.preprocess(pools, *inputs)
+    idx, q, spec, bt = (T(s[k]) for k in ("idx_mapping", "query_len", "is_spec", "block_table"))
+    ns = T(s["num_sampled"])
+
+    def step(_=None):
+        blocks = runner.preprocess(pools, idx, q, spec, bt)
+        runner.postprocess(pools, idx, q, spec, ns, bt)
+        return blocks
+
+    slots = step()
     first = {f: getattr(slots, f).cpu().numpy() for f in SLOT_FIELDS}
     sync = (lambda c: (torch.cuda.synchronize(), c)[1]) if cuda else (lambda c: c)
-    eager = lambda c: runner.preprocess(pools, *inputs)  # noqa: E731
-    ms = {"torch_eager": (host_ms(eager, None, sync, **timer)[0],
-                          enqueue_ms(eager, None, sync, n=timer["n0"], reps=timer["reps"])[0])}
+    ms = {"torch_eager": (host_ms(step, None, sync, **timer)[0],
+                          enqueue_ms(step, None, sync, n=timer["n0"], reps=timer["reps"])[0])}
+    if CHECKED:  # the checked mode: a trial launch and a sync per kernel
+        runner.validate = True
+        ms["torch_eager_checked"] = (host_ms(step, None, sync, **timer)[0],
+                                     enqueue_ms(step, None, sync, n=timer["n0"],
+                                                reps=timer["reps"])[0])
+        runner.validate = False
     if cuda:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
             for _ in range(3):
-                runner.preprocess(pools, *inputs)
+                step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            runner.preprocess(pools, *inputs)
+            step()
         replay = lambda c: graph.replay()  # noqa: E731
         ms["torch_graph"] = (host_ms(replay, None, sync, **timer)[0],
                              enqueue_ms(replay, None, sync, n=timer["n0"], reps=timer["reps"])[0])
     if not torch.equal(runner.state_idx, seeded):
         raise SystemExit("torch state_idx changed over repeated steps")
+    if CHECKED and runner.errors():
+        raise SystemExit(f"the torch steps faulted: {runner.errors()}")
     return ms, first
 
 
@@ -174,7 +234,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     cuda = torch.cuda.is_available()
     if cuda != (jax.default_backend() == "gpu"):
         raise SystemExit(f"torch cuda={cuda} but jax backend {jax.default_backend()}")
-    s = setup(args.small)
+    s = setup(args.small, args.rows)
     timer = dict(reps=2, n0=2, min_s=0.0) if args.small else dict(reps=5, n0=20, min_s=0.05)
     jax_ms, j_slots = run_jax(s, timer)  # {method: (sustained ms, enqueue ms)}
     if args.jax_only:  # the child of the command-buffer variant: print and stop
@@ -186,8 +246,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             raise SystemExit(f"JAX and torch disagree on {f}")
     if cuda:  # XLA flags are read once per process: the variant runs in a child
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " " + CMDBUF_FLAGS).strip())
-        r = subprocess.run([sys.executable, __file__, "--jax-only"], env=env, capture_output=True,
-                           text=True)
+        r = subprocess.run([sys.executable, __file__, "--jax-only", "--rows", str(args.rows)],
+                           env=env, capture_output=True, text=True)
         if r.returncode:
             raise SystemExit(f"command-buffer variant failed:\n{r.stderr[-3000:]}")
         child = json.loads(r.stdout.strip().splitlines()[-1])
@@ -201,7 +261,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "torch": torch.__version__, "triton": triton.__version__, "jax": jax.__version__,
         "jax_backend": jax.default_backend(), "jax_triton": _version("jax-triton"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "step": "preprocess + pre-copy (no row crosses: launches copy nothing) + resolve",
+        "step": "preprocess + pre-copy + resolve, postprocess + copies (no row reaches a "
+                "boundary: the copy launches copy nothing)",
+        "package": str(Path(mj.__file__).resolve().parents[2]),
         "timer": "dispatch: host time to issue one step (calls not waited for); per step: "
                  "perf_counter around back-to-back calls, one block_until_ready / "
                  "torch.cuda.synchronize after the last (the slower of host and device); "
@@ -252,14 +314,17 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--small", action="store_true",
                     help="CPU smoke run: tiny pools, 2 repetitions of 2 calls")
     ap.add_argument("--jax-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--label", default="", help="output name: dispatch_<label>_h200.json")
+    ap.add_argument("--rows", type=int, default=64, help="batch rows (slots: max(256, rows))")
     args = ap.parse_args(argv)
     data = run(args)
     if args.jax_only:
         return
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "dispatch_h200.json").write_text(json.dumps(data, indent=1) + "\n")
+    name = f"dispatch_{args.label}_h200.json" if args.label else "dispatch_h200.json"
+    (args.out / name).write_text(json.dumps(data, indent=1) + "\n")
     print(table(data["records"]))
-    print(f"\nwrote {args.out}/dispatch_h200.json")
+    print(f"\nwrote {args.out}/{name}")
 
 
 if __name__ == "__main__":
