@@ -150,9 +150,12 @@ KIND = st.sampled_from([None, None] + sorted(PRE_KINDS) + sorted(POST_KINDS))
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
 def test_bad_values_never_reach_foreign_memory_or_the_cache(device_backend, mode):
-    @settings(max_examples=max(10, EXAMPLES // 2), derandomize=True)
+    examples, seen = max(10, EXAMPLES // 2), []
+
+    @settings(max_examples=examples, derandomize=True)
     @given(st.integers(0, 2**32 - 1), st.lists(KIND, min_size=ROWS, max_size=ROWS))
     def run(seed, kinds):
+        seen.append(kinds)
         rng = np.random.default_rng(seed)
         good = good_step(rng)
         state, idx, q, spec, ns, bt, faults = inject(rng, kinds, *good)
@@ -226,6 +229,9 @@ def test_bad_values_never_reach_foreign_memory_or_the_cache(device_backend, mode
                 assert (pre3["run_col"][b] == -1) == (r in bad_slots)
 
     run()
+    faulty = sum(any(k is not None for k in kinds) for kinds in seen)
+    print(f"fuzz {device_backend.name} {mode}: {len(seen)} examples, {faulty} with faults")
+    assert len(seen) >= examples
 
 
 def test_the_fuzz_draws_every_kind():
