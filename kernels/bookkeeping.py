@@ -31,7 +31,9 @@ from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN
                    DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows, block_at,
                    duplicated, flag, index_max)
 
-ROWS_PER_PROGRAM = 128
+#: Batch rows per program. Small, because each program also compares its rows with every
+#: row of the batch (duplicate slots) in [32, 32] tiles; see benchmarks/README.md.
+ROWS_PER_PROGRAM = 32
 
 
 @triton.jit

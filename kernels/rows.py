@@ -49,12 +49,15 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
 @triton.jit
 def duplicated(ids_ptr, r, slot, live, num_rows, BLOCK: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
-    every row of a duplicated slot is found, whatever program holds the other."""
+    every row of a duplicated slot is found, whatever program holds the other. A pass over
+    all rows in ``[BLOCK, BLOCK]`` int32 tiles (slots fit int32): small tiles stay in
+    registers."""
+    mine = tl.where(live, slot, -1).to(tl.int32)
     dup = r < 0  # all false
     for start in range(0, num_rows, BLOCK):
         o = start + tl.arange(0, BLOCK).to(tl.int64)
-        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int64)
-        same = (slot[:, None] == other[None, :]) & (r[:, None] != o[None, :])
+        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int32)
+        same = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
         dup = dup | (tl.max(same.to(tl.int32), axis=1) > 0)
     return dup & live
 
