@@ -97,30 +97,32 @@ def postprocess_kernel(
     BLOCK: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    fault |= tl.where(duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK),
-                      DUPLICATE_SLOT, 0)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK)
+    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
-    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
-    acc_old = tl.load(acc_ptr + slot, mask=live, other=-1).to(tl.int64)
-    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
+    sole = live & ~dup  # the slot's state is read only by a row that owns it alone
+    col = tl.load(state_idx_ptr + slot, mask=sole, other=-1).to(tl.int64)
+    acc_old = tl.load(acc_ptr + slot, mask=sole, other=-1).to(tl.int64)
+    nc = tl.load(num_computed_ptr + slot, mask=sole, other=0).to(tl.int64)
     spec = spec_flag != 0
     # a faulty slot (acc = 0) was flagged when it became faulty: its rows are skipped,
     # silently; a step in flight has acc < 0 (preprocess negates it)
     live = live & (acc_old != 0)
-    fault |= tl.where(live & (acc_old > 0), STEP_ORDER, 0)
+    fault |= tl.where(sole & (acc_old > 0), STEP_ORDER, 0)
     # a row whose step cannot have written its candidates as docs/semantics.md §2 says
     # changes nothing but becoming faulty: no bookkeeping, no copy, no cache column
     fault |= tl.where(live & (spec_flag != 0) & (spec_flag != 1), BAD_IS_SPEC, 0)
     fault |= tl.where(live & ((q < 1) | (spec & (q > 1 + num_spec))), BAD_QUERY_LEN, 0)
     fault |= tl.where(live & spec & ((ns < 1) | (ns > q)), BAD_NUM_SAMPLED, 0)
-    fault |= tl.where(live & ((col < -1) | (nc < 0) | (acc_old < -1 - num_spec)), INCONSISTENT, 0)
+    fault |= tl.where(sole & ((col < -1) | (nc < 0) | (acc_old < -1 - num_spec)),
+                      INCONSISTENT, 0)
 
     # accept: spec rows keep num_sampled candidates, others a single state
     acc = tl.where(spec, ns, 1)
     nc = nc + tl.where(spec, ns, q)
-    fault |= tl.where(live & (nc > NC_MAX), OVERFLOW, 0)
+    fault |= tl.where(sole & (nc > NC_MAX), OVERFLOW, 0)
 
     # post-process: the boundary reached by the accepted tokens, if any
     running = nc - acc + 1

@@ -39,7 +39,8 @@ PRE_KINDS = {"block_big": Fault.BAD_BLOCK, "block_neg": Fault.BAD_BLOCK,
              "q_big": Fault.BAD_QUERY_LEN, "is_spec_2": Fault.BAD_IS_SPEC,
              "faulty": Fault.FAULTY_SLOT, "in_flight": Fault.STEP_ORDER}
 POST_KINDS = {"ns_zero": Fault.BAD_NUM_SAMPLED, "ns_big": Fault.BAD_NUM_SAMPLED}
-BLOCK_STAGE = {"block_big", "block_neg", "block_null", "column"}  # checked after the rest
+#: read from the slot's state or its blocks: not checked on a row that already faults
+STATE_STAGE = {"block_big", "block_neg", "block_null", "column", "faulty", "in_flight"}
 
 
 def good_step(rng):
@@ -203,16 +204,16 @@ def test_bad_values_never_reach_foreign_memory_or_the_cache(device_backend, mode
             else:
                 assert got == [state.state_idx[r], state.acc[r], state.num_computed[r]]
 
-        # the flag: every fault named (a row's fault found after the cheap checks only when
-        # it has no other; post-process faults only on a slot preprocess left good), nothing
-        # else, and the lowest faulty row
+        # the flag: every fault named (a fault in the slot's state or blocks only on a row
+        # without another, post-process faults only on a slot preprocess left good),
+        # nothing else, and the lowest faulty row
         allowed = Fault(0)
         required = Fault(0)
         for b in faulty_rows:
             for kind in faults[b]:
                 bit = {**PRE_KINDS, **POST_KINDS}[kind]
                 allowed |= bit
-                if (kind in BLOCK_STAGE or kind in POST_KINDS) and len(faults[b]) > 1:
+                if (kind in STATE_STAGE or kind in POST_KINDS) and len(faults[b]) > 1:
                     continue
                 required |= bit
         assert required <= Fault(bits) <= allowed, (faults, Fault(bits))
