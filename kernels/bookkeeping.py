@@ -32,7 +32,7 @@ from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN
                    duplicated, flag, index_max)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
-#: row of the batch (duplicate slots, :func:`.rows.duplicated`); see benchmarks/README.md.
+#: row of the batch (duplicate slots) in [32, 32] tiles; see benchmarks/README.md.
 ROWS_PER_PROGRAM = 32
 
 
@@ -55,7 +55,7 @@ def add_requests_kernel(
     BLOCK: tl.constexpr,
 ):
     i, in_batch, slot, live, fault = batch_rows(slots_ptr, num_new, num_slots, BLOCK)
-    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new), DUPLICATE_SLOT, 0)
+    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, BLOCK), DUPLICATE_SLOT, 0)
     nc = tl.load(num_computed_new_ptr + i, mask=live, other=0).to(tl.int64)
     fault |= tl.where(live & ((nc < 0) | (nc > NC_MAX)), BAD_NUM_COMPUTED, 0)
     ok = live & (fault == 0)
@@ -97,7 +97,7 @@ def postprocess_kernel(
     BLOCK: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK)
     fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)

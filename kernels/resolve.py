@@ -64,7 +64,7 @@ def preprocess_resolve_kernel(
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only.
     # Everything is decided before anything is stored, so a faulty row stores nothing.
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK)
     fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)

@@ -46,20 +46,16 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
     return r, in_batch, slot, live, tl.where(bad, BAD_SLOT, 0)
 
 
-#: Rows of the batch one step of the duplicate check compares a program's rows with: wide,
-#: so that few dependent loads run one after the other; see benchmarks/README.md.
-DUP_CHUNK = tl.constexpr(256)
-
-
 @triton.jit
-def duplicated(ids_ptr, r, slot, live, num_rows):
+def duplicated(ids_ptr, r, slot, live, num_rows, BLOCK: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
     every row of a duplicated slot is found, whatever program holds the other. A pass over
-    all rows in chunks of ``DUP_CHUNK``, compared as int32 (slots fit)."""
+    all rows in ``[BLOCK, BLOCK]`` int32 tiles (slots fit int32): small tiles stay in
+    registers."""
     mine = tl.where(live, slot, -1).to(tl.int32)
     dup = r < 0  # all false
-    for start in range(0, num_rows, DUP_CHUNK):
-        o = start + tl.arange(0, DUP_CHUNK).to(tl.int64)
+    for start in range(0, num_rows, BLOCK):
+        o = start + tl.arange(0, BLOCK).to(tl.int64)
         other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int32)
         same = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
         dup = dup | (tl.max(same.to(tl.int32), axis=1) > 0)
