@@ -115,16 +115,17 @@ def test_duplicate_rows_are_both_skipped(device_backend):
     assert_good_row_as_alone(device_backend, s, new, out)
 
 
-def test_duplicates_are_found_across_programs(device_backend):
-    n = 80  # rows of several programs
+@pytest.mark.parametrize("n,partner", [(80, 70), (300, 290)])
+def test_duplicates_are_found_across_programs(device_backend, n, partner):
+    # rows of several programs, compared in several tiles
     s = slots(np.zeros(n, np.int64), np.ones(n, np.int64), np.full(n, 3))
     bt = np.arange(1, 1 + n * 4).reshape(n, 4)
     idx = np.arange(n)
-    idx[70] = 3
+    idx[partner] = 3
     _, out = device_backend.preprocess_resolve(s, idx, np.ones(n), np.ones(n), bt, B, S)
     assert bits(device_backend) == Fault.DUPLICATE_SLOT and device_backend.last_errors[1] == 3
-    assert out["run_col"][3] == out["run_col"][70] == -1
-    assert (np.delete(out["run_col"], [3, 70]) == 0).all()
+    assert out["run_col"][3] == out["run_col"][partner] == -1
+    assert (np.delete(out["run_col"], [3, partner]) == 0).all()
 
 
 @pytest.mark.parametrize("bad_slot", [7, -3])
