@@ -18,7 +18,7 @@ def python_blocks(path):
 # what each README block prints, line by line (the comments beside its prints say so)
 README_OUTPUT = [
     ["[1] [1]", "[5] [[5 6 7]]", "[1] [2]"],  # core: no crossing; the boundary at 8 tokens
-    ["[5] [[5, 6, 7]]", "[1] True"],  # torch quick-start
+    ["[5] [[5, 6, 7]]", "[1] True", "[-1] the block table names"],  # torch quick-start
     ["[[5, 6, 7]] [1]", "True"],  # JAX quick-start
     ["True"],  # one operation
 ]
