@@ -18,6 +18,7 @@ from .bookkeeping import (
     running_column,
 )
 from .faults import NO_ROW, Fault, decode_errors, error_row, new_errors, raise_errors
+from .screen import screen_add_requests, screen_postprocess, screen_preprocess
 from .config import DTYPES, LAYOUTS, CacheConfig, ConvSpec, StateSpec, TemporalSpec
 from .copy_ref import (
     CopyPlan,

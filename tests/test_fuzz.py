@@ -9,7 +9,9 @@ Checked for every example:
 * the faulty rows get nothing (no blocks, no copy, no cache column), their slots are left
   faulty (acc = 0) and the next step skips them (flagged);
 * no block outside the good rows' own blocks changed, and never the null block;
-* the error flag names every injected fault, nothing else, and the lowest faulty row.
+* the error flag names every injected fault, nothing else, and the lowest faulty row; the
+  faulty rows and the flag's bits are exactly those of the core's non-raising screen
+  (``mamba_align.core.screen``).
 
 ``FUZZ_EXAMPLES`` sets the examples per backend (CI: 150 each; ``make gpu``: 5000).
 """
@@ -22,7 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import COPY_PLAN, Reference, in_flight, slots
 
-from mamba_align.core import CacheConfig, ConvSpec, CopyPlan, Fault, TemporalSpec, apply_copy
+from mamba_align.core import (CacheConfig, ConvSpec, CopyPlan, Fault, TemporalSpec, apply_copy,
+                              screen_postprocess, screen_preprocess)
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 B, S, SLOTS, ROWS, COLS = 4, 2, 6, 4, 8
@@ -143,7 +146,26 @@ def core_step(state, pre_idx, post_idx, q, spec, ns, bt, pools, mode):
         apply_copy(pools, CFG, CopyPlan(*(pre[k] for k in COPY_PLAN)))
     s2, post = ref.postprocess(s1, post_idx, q, spec, ns, bt, B, S)
     apply_copy(pools, CFG, CopyPlan(*(post[k] for k in COPY_PLAN)))
-    return s2, pre, post, pools
+    return s1, s2, pre, post, pools
+
+
+def screened(backend, state, idx, q, spec, ns, bt, pre_idx, core_mid):
+    """The reference's fault bits per row (core.screen) for preprocess and postprocess.
+    Between them the device holds: the good rows' slots as the core's preprocess left them,
+    acc negated; the slots of faulty rows faulty (acc 0); the others as they were."""
+    dtype = "int32" if "32" in str(backend.index_dtype) else "int64"
+    kw = dict(block_size=B, num_spec=S, num_blocks=NB, index_dtype=dtype)
+    pre_bits = screen_preprocess(state.state_idx, state.acc, state.num_computed, idx, q, spec,
+                                 bt, **kw)
+    mid = state.copy()
+    good = [int(r) for r in pre_idx if r >= 0]
+    mid.state_idx[good] = core_mid.state_idx[good]
+    mid.acc[good] = -core_mid.acc[good]
+    bad = [int(r) for r, f in zip(idx, pre_bits) if f and 0 <= r < SLOTS]
+    mid.acc[bad] = 0
+    post_bits = screen_postprocess(mid.state_idx, mid.acc, mid.num_computed, idx, q, spec, ns,
+                                   bt, **kw)
+    return pre_bits, post_bits
 
 
 KIND = st.sampled_from([None, None] + sorted(PRE_KINDS) + sorted(POST_KINDS))
@@ -171,8 +193,8 @@ def test_bad_values_never_reach_foreign_memory_or_the_cache(device_backend, mode
         pre_idx = np.where([b in pre_faulty for b in range(ROWS)], -1, idx)
         post_idx = np.where([b in faulty_rows for b in range(ROWS)], -1, idx)
         g_bt = good[5]
-        w_state, w_pre, w_post, w_pools = core_step(good[0], pre_idx, post_idx, q, spec, ns,
-                                                    g_bt, pools, mode)
+        w_mid, w_state, w_pre, w_post, w_pools = core_step(good[0], pre_idx, post_idx, q, spec,
+                                                           ns, g_bt, pools, mode)
         for b in range(ROWS):
             if b in pre_faulty:
                 assert pre["run_col"][b] == -1 and pre["temporal_read"][b] == -1, faults[b]
@@ -218,6 +240,13 @@ def test_bad_values_never_reach_foreign_memory_or_the_cache(device_backend, mode
                 required |= bit
         assert required <= Fault(bits) <= allowed, (faults, Fault(bits))
         assert low == (min(faulty_rows) if faulty_rows else 2**31 - 1)
+        # and exactly what the reference's screen says, row by row
+        pre_bits, post_bits = screened(device_backend, state, idx, q, spec, ns, bt, pre_idx,
+                                       w_mid)
+        assert {b for b in range(ROWS) if pre_bits[b]} == pre_faulty, (faults, pre_bits)
+        assert {b for b in range(ROWS) if pre_bits[b] | post_bits[b]} == faulty_rows
+        assert Fault(bits) == Fault(int(np.bitwise_or.reduce(pre_bits | post_bits))), \
+            (faults, pre_bits, post_bits)
 
         # the next step: the faulty slots are skipped (flagged), the good ones go on
         if bad_slots:

@@ -1,0 +1,132 @@
+"""Which rows of a step the device path treats as faulty, and why: the kernels' rules of
+docs/semantics.md §1 ("Bad values") in NumPy, without raising, so that the kernels can be
+compared with a reference on bad input too.
+
+Each function takes the arrays as the device holds them (integer NumPy arrays; ``acc``
+negated on a slot whose step is in flight, 0 on a faulty slot; ``index_dtype`` names the
+device's per-slot dtype, which bounds ``num_computed``) and returns the fault bits of
+every row, int64 ``[rows]`` (0: a good row; see :class:`.faults.Fault`). A good row then does exactly what
+the core's step functions do; a faulty row changes nothing but leaving its slot faulty.
+The checks run in the kernels' order: a row's slot state and blocks are looked at only
+when the cheaper checks passed (a duplicated slot's state is not read at all).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .faults import Fault
+
+
+def _index_max(dtype: str) -> int:
+    """The largest count per-slot arrays of ``dtype`` ("int32" / "int64") hold."""
+    return 2**31 - 1 if str(dtype) == "int32" else 2**63 - 1
+
+
+def _rows(idx, num_slots):
+    idx = np.asarray(idx, np.int64)
+    bad = (idx < -1) | (idx >= num_slots)
+    live = (idx >= 0) & ~bad
+    fault = np.where(bad, int(Fault.BAD_SLOT), 0).astype(np.int64)
+    mine = np.where(live, idx, -1)
+    dup = live & (np.array([np.count_nonzero(idx == s) for s in mine]) > 1)
+    fault |= np.where(dup, int(Fault.DUPLICATE_SLOT), 0)
+    return idx, live, dup, fault
+
+
+def _blocks(bt, slot, col, use, num_blocks):
+    """Fault bits of reading ``bt[slot, col]`` where ``use`` (``col`` [rows] or [rows, n])."""
+    bt = np.asarray(bt, np.int64)
+    col = np.asarray(col, np.int64)
+    use = np.broadcast_to(use.reshape(use.shape + (1,) * (col.ndim - use.ndim)), col.shape)
+    s = np.broadcast_to(slot.reshape(slot.shape + (1,) * (col.ndim - 1)), col.shape)
+    in_table = (col >= 0) & (col < bt.shape[1])
+    b = np.full(col.shape, -1, np.int64)
+    ok = use & in_table
+    b[ok] = bt[s[ok], col[ok]]
+    f = np.where(use & ~in_table, int(Fault.BAD_COLUMN), 0)
+    f |= np.where(ok & ((b < -1) | (b == 0) | (b >= num_blocks)), int(Fault.BAD_BLOCK), 0)
+    return np.bitwise_or.reduce(f.reshape(f.shape[0], -1), axis=1) if f.ndim > 1 else f
+
+
+def screen_add_requests(num_slots: int, slots, num_computed_new, *,
+                        index_dtype: str = "int64") -> np.ndarray:
+    """Faults of ``add_requests`` rows; ``index_dtype``: that of the per-slot arrays."""
+    slots, live, _, fault = _rows(slots, num_slots)
+    nc = np.asarray(num_computed_new, np.int64)
+    fault |= np.where(live & ((nc < 0) | (nc > _index_max(index_dtype))),
+                      int(Fault.BAD_NUM_COMPUTED), 0)
+    return fault
+
+
+def screen_preprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec,
+                      block_table, *, block_size: int, num_spec: int, num_blocks: int,
+                      index_dtype: str = "int64") -> np.ndarray:
+    """Faults of ``preprocess_resolve`` rows (both modes check the same blocks)."""
+    n, win = len(state_idx), 1 + num_spec
+    idx, live, dup, fault = _rows(idx_mapping, n)
+    q = np.where(live, np.asarray(query_len, np.int64), 0)
+    flag = np.where(live, np.asarray(is_spec).astype(np.int64), 0)
+    spec = flag != 0
+    fault |= np.where(live & (flag != 0) & (flag != 1), int(Fault.BAD_IS_SPEC), 0)
+    fault |= np.where(live & ((q < 1) | (spec & (q > win))), int(Fault.BAD_QUERY_LEN), 0)
+    sole = live & ~dup
+    slot = np.where(sole, idx, 0)
+    col = np.where(sole, np.asarray(state_idx, np.int64)[slot], -1)
+    a = np.where(sole, np.asarray(acc, np.int64)[slot], 1)
+    nc = np.where(sole, np.asarray(num_computed, np.int64)[slot], 0)
+    fault |= np.where(sole & (a == 0), int(Fault.FAULTY_SLOT), 0)
+    fault |= np.where(sole & (a < 0), int(Fault.STEP_ORDER), 0)
+    fault |= np.where(sole & ((col < -1) | (nc < 0) | (a > win)), int(Fault.INCONSISTENT), 0)
+    fault |= np.where(sole & (nc + q > _index_max(index_dtype)), int(Fault.OVERFLOW), 0)
+    go = live & (fault == 0)
+    bias = np.maximum(a - 1, 0)
+    new = np.maximum(col, -(-(nc + q) // block_size) - 1)
+    crossing = go & (col >= 0) & (col != new)
+    a = np.where(crossing, 1, a)
+    j = np.arange(win)[None, :]
+    writes = np.where(spec, q, 1)[:, None] > j
+    fault |= _blocks(block_table, slot, new[:, None] + j, go[:, None] & writes, num_blocks)
+    fault |= _blocks(block_table, slot, new + a - 1, go & (col >= 0), num_blocks)
+    fault |= _blocks(block_table, slot, col + bias, crossing, num_blocks)
+    fault |= _blocks(block_table, slot, col, crossing, num_blocks)
+    return fault
+
+
+def screen_postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_spec,
+                       num_sampled, block_table, *, block_size: int, num_spec: int,
+                       num_blocks: int, index_dtype: str = "int64") -> np.ndarray:
+    """Faults of ``postprocess`` rows. A row on a faulty slot is skipped without a fault
+    of its own (it was flagged when the slot became faulty)."""
+    n = len(state_idx)
+    idx, live, dup, fault = _rows(idx_mapping, n)
+    q = np.where(live, np.asarray(query_len, np.int64), 0)
+    flag = np.where(live, np.asarray(is_spec).astype(np.int64), 0)
+    ns = np.where(live, np.asarray(num_sampled, np.int64), 0)
+    sole = live & ~dup
+    slot = np.where(sole, idx, 0)
+    col = np.where(sole, np.asarray(state_idx, np.int64)[slot], -1)
+    a_old = np.where(sole, np.asarray(acc, np.int64)[slot], -1)
+    nc = np.where(sole, np.asarray(num_computed, np.int64)[slot], 0)
+    spec = flag != 0
+    live = live & (a_old != 0)
+    fault |= np.where(sole & (a_old > 0), int(Fault.STEP_ORDER), 0)
+    fault |= np.where(live & (flag != 0) & (flag != 1), int(Fault.BAD_IS_SPEC), 0)
+    fault |= np.where(live & ((q < 1) | (spec & (q > 1 + num_spec))), int(Fault.BAD_QUERY_LEN), 0)
+    fault |= np.where(live & spec & ((ns < 1) | (ns > q)), int(Fault.BAD_NUM_SAMPLED), 0)
+    fault |= np.where(sole & ((col < -1) | (nc < 0) | (a_old < -1 - num_spec)),
+                      int(Fault.INCONSISTENT), 0)
+    a = np.where(spec, ns, 1)
+    nc = nc + np.where(spec, ns, q)
+    fault |= np.where(sole & (nc > _index_max(index_dtype)), int(Fault.OVERFLOW), 0)
+    running = nc - a + 1
+    aligned = (nc // block_size) * block_size
+    bias, dest = aligned - running, aligned // block_size - 1
+    hit = live & (fault == 0) & (aligned >= running) & (aligned >= block_size)
+    fault |= np.where(hit & (dest != col) & (dest != col - 1), int(Fault.INCONSISTENT), 0)
+    hit = hit & (fault == 0)
+    copy = hit & ~((dest == col) & (bias == 0))
+    fault |= _blocks(block_table, slot, dest, hit, num_blocks)
+    fault |= _blocks(block_table, slot, col + bias, copy, num_blocks)
+    fault |= _blocks(block_table, slot, col, copy, num_blocks)
+    return fault
