@@ -34,8 +34,14 @@ def _rows(idx, num_slots):
     return idx, live, dup, fault
 
 
-def _blocks(bt, slot, col, use, num_blocks):
-    """Fault bits of reading ``bt[slot, col]`` where ``use`` (``col`` [rows] or [rows, n])."""
+def _exceeds(nc, add, index_dtype) -> np.ndarray:
+    """``nc + add`` past the dtype's range (for ``nc >= 0``), without the sum."""
+    return (nc >= 0) & (add > _index_max(index_dtype) - nc)
+
+
+def _blocks(bt, slot, col, use, num_blocks, need=False):
+    """Fault bits of reading ``bt[slot, col]`` where ``use`` (``col`` [rows] or [rows, n]);
+    ``need``: a -1 there is a fault too (a block the row reads must exist)."""
     bt = np.asarray(bt, np.int64)
     col = np.asarray(col, np.int64)
     use = np.broadcast_to(use.reshape(use.shape + (1,) * (col.ndim - use.ndim)), col.shape)
@@ -45,7 +51,8 @@ def _blocks(bt, slot, col, use, num_blocks):
     ok = use & in_table
     b[ok] = bt[s[ok], col[ok]]
     f = np.where(use & ~in_table, int(Fault.BAD_COLUMN), 0)
-    f |= np.where(ok & ((b < -1) | (b == 0) | (b >= num_blocks)), int(Fault.BAD_BLOCK), 0)
+    f |= np.where(ok & ((b < -1) | (b == 0) | (b >= num_blocks) | (need & (b == -1))),
+                  int(Fault.BAD_BLOCK), 0)
     return np.bitwise_or.reduce(f.reshape(f.shape[0], -1), axis=1) if f.ndim > 1 else f
 
 
@@ -78,7 +85,7 @@ def screen_preprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_s
     fault |= np.where(sole & (a == 0), int(Fault.FAULTY_SLOT), 0)
     fault |= np.where(sole & (a < 0), int(Fault.STEP_ORDER), 0)
     fault |= np.where(sole & ((col < -1) | (nc < 0) | (a > win)), int(Fault.INCONSISTENT), 0)
-    fault |= np.where(sole & (nc + q > _index_max(index_dtype)), int(Fault.OVERFLOW), 0)
+    fault |= np.where(sole & _exceeds(nc, q, index_dtype), int(Fault.OVERFLOW), 0)
     go = live & (fault == 0)
     bias = np.maximum(a - 1, 0)
     new = np.maximum(col, -(-(nc + q) // block_size) - 1)
@@ -86,10 +93,12 @@ def screen_preprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_s
     a = np.where(crossing, 1, a)
     j = np.arange(win)[None, :]
     writes = np.where(spec, q, 1)[:, None] > j
+    reads = go & (col >= 0)
     fault |= _blocks(block_table, slot, new[:, None] + j, go[:, None] & writes, num_blocks)
-    fault |= _blocks(block_table, slot, new + a - 1, go & (col >= 0), num_blocks)
-    fault |= _blocks(block_table, slot, col + bias, crossing, num_blocks)
-    fault |= _blocks(block_table, slot, col, crossing, num_blocks)
+    fault |= _blocks(block_table, slot, new, go, num_blocks, need=reads)
+    fault |= _blocks(block_table, slot, new + a - 1, reads, num_blocks, need=True)
+    fault |= _blocks(block_table, slot, col + bias, crossing, num_blocks, need=True)
+    fault |= _blocks(block_table, slot, col, crossing, num_blocks, need=True)
     return fault
 
 
@@ -110,6 +119,7 @@ def screen_postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_
     nc = np.where(sole, np.asarray(num_computed, np.int64)[slot], 0)
     spec = flag != 0
     live = live & (a_old != 0)
+    sole = sole & live
     fault |= np.where(sole & (a_old > 0), int(Fault.STEP_ORDER), 0)
     fault |= np.where(live & (flag != 0) & (flag != 1), int(Fault.BAD_IS_SPEC), 0)
     fault |= np.where(live & ((q < 1) | (spec & (q > 1 + num_spec))), int(Fault.BAD_QUERY_LEN), 0)
@@ -117,8 +127,10 @@ def screen_postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_
     fault |= np.where(sole & ((col < -1) | (nc < 0) | (a_old < -1 - num_spec)),
                       int(Fault.INCONSISTENT), 0)
     a = np.where(spec, ns, 1)
-    nc = nc + np.where(spec, ns, q)
-    fault |= np.where(sole & (nc > _index_max(index_dtype)), int(Fault.OVERFLOW), 0)
+    add = np.where(spec, ns, q)
+    fault |= np.where(sole & _exceeds(nc, add, index_dtype), int(Fault.OVERFLOW), 0)
+    with np.errstate(over="ignore"):  # a wrapped sum only on rows faulted just above
+        nc = nc + add
     running = nc - a + 1
     aligned = (nc // block_size) * block_size
     bias, dest = aligned - running, aligned // block_size - 1

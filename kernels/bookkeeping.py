@@ -29,7 +29,7 @@ from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_step_scalars, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
                    DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows, block_at,
-                   duplicated, flag, index_max)
+                   duplicated, exceeds, flag, index_max)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
 #: row of the batch (duplicate slots) in [32, 32] tiles; see benchmarks/README.md.
@@ -110,6 +110,7 @@ def postprocess_kernel(
     # a faulty slot (acc = 0) was flagged when it became faulty: its rows are skipped,
     # silently; a step in flight has acc < 0 (preprocess negates it)
     live = live & (acc_old != 0)
+    sole = sole & live
     fault |= tl.where(sole & (acc_old > 0), STEP_ORDER, 0)
     # a row whose step cannot have written its candidates as docs/semantics.md §2 says
     # changes nothing but becoming faulty: no bookkeeping, no copy, no cache column
@@ -121,8 +122,8 @@ def postprocess_kernel(
 
     # accept: spec rows keep num_sampled candidates, others a single state
     acc = tl.where(spec, ns, 1)
+    fault |= tl.where(sole & exceeds(nc, tl.where(spec, ns, q), NC_MAX), OVERFLOW, 0)
     nc = nc + tl.where(spec, ns, q)
-    fault |= tl.where(sole & (nc > NC_MAX), OVERFLOW, 0)
 
     # post-process: the boundary reached by the accepted tokens, if any
     running = nc - acc + 1
@@ -136,9 +137,13 @@ def postprocess_kernel(
     hit = hit & (fault == 0)
     same = hit & (dest == col)
     copy = hit & ~(same & (bias == 0))
-    cached, f_dst = block_at(block_table_ptr, slot, dest, bt_stride, max_cols, num_blocks, hit)
-    tsrc, f_t = block_at(block_table_ptr, slot, col + bias, bt_stride, max_cols, num_blocks, copy)
-    csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy)
+    # a -1 here is no block: no fault, but no cache column either (below)
+    none = hit & (dest < -1)  # all false
+    cached, f_dst = block_at(block_table_ptr, slot, dest, bt_stride, max_cols, num_blocks, hit,
+                             none)
+    tsrc, f_t = block_at(block_table_ptr, slot, col + bias, bt_stride, max_cols, num_blocks, copy,
+                         none)
+    csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, none)
     fault |= f_dst | f_t | f_c
     ok = live & (fault == 0)
     copy = copy & ok

@@ -20,7 +20,8 @@ from .bookkeeping import (FAULT_DOC, ROW, ROWS_PER_PROGRAM, check_errors, check_
 from .plan import ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_step_scalars, next_pow2
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
-                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, flag, index_max)
+                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds, flag,
+                   index_max)
 from .rows import batch_rows
 
 
@@ -82,7 +83,7 @@ def preprocess_resolve_kernel(
     fault |= tl.where(sole & (acc == 0), FAULTY_SLOT, 0)
     fault |= tl.where(sole & (acc < 0), STEP_ORDER, 0)
     fault |= tl.where(sole & ((col < -1) | (nc < 0) | (acc > WIN)), INCONSISTENT, 0)
-    fault |= tl.where(sole & (nc + q > NC_MAX), OVERFLOW, 0)
+    fault |= tl.where(sole & exceeds(nc, q, NC_MAX), OVERFLOW, 0)
     go = live & (fault == 0)
 
     # step 1
@@ -92,19 +93,23 @@ def preprocess_resolve_kernel(
     acc = tl.where(crossing, 1, acc)
     reads = go & (col >= 0)  # a fresh row reads nothing: zero state, zero history
 
-    # the blocks, each checked: window columns written (spec rows 0 .. T-1, others 0), the
-    # reads, and the crossing rows' old columns (pre-copy sources, copy-free reads)
+    # the blocks, each checked: window columns written (spec rows 0 .. T-1, others 0; a -1
+    # drops the write), the reads and the crossing rows' old columns (pre-copy sources,
+    # copy-free reads), which must exist: a non-fresh row without its state would compute
+    # from a zero or stale one and later cache it. The same blocks in both modes: a
+    # crossing row's temporal read in the new window is window column 0.
     j = tl.arange(0, WIN_PAD).to(tl.int64)
     n_writes = tl.where(spec, q, 1)
     writes = go[:, None] & (j[None, :] < n_writes[:, None])
     win, f_win = block_at(block_table_ptr, slot[:, None], new[:, None] + j[None, :], bt_stride,
-                          max_cols, num_blocks, writes)
-    w0, f_w0 = block_at(block_table_ptr, slot, new, bt_stride, max_cols, num_blocks, go)
+                          max_cols, num_blocks, writes, writes & (j[None, :] < 0))
+    w0, f_w0 = block_at(block_table_ptr, slot, new, bt_stride, max_cols, num_blocks, go, reads)
     t_win, f_tw = block_at(block_table_ptr, slot, new + acc - 1, bt_stride, max_cols, num_blocks,
-                           reads)
+                           reads, reads)
     t_old, f_to = block_at(block_table_ptr, slot, col + src_bias, bt_stride, max_cols,
-                           num_blocks, crossing)
-    c_old, f_co = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, crossing)
+                           num_blocks, crossing, crossing)
+    c_old, f_co = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, crossing,
+                           crossing)
     fault |= any_fault(f_win, 1) | f_w0 | f_tw | f_to | f_co
     ok = live & (fault == 0)
     crossing = crossing & ok

@@ -50,28 +50,35 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
 def duplicated(ids_ptr, r, slot, live, num_rows, BLOCK: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
     every row of a duplicated slot is found, whatever program holds the other. A pass over
-    all rows in ``[BLOCK, BLOCK]`` int32 tiles (slots fit int32): small tiles stay in
-    registers."""
-    mine = tl.where(live, slot, -1).to(tl.int32)
+    all rows in ``[BLOCK, BLOCK]`` tiles (small tiles stay in registers), comparing the ids
+    as given (int64: a bad id must not alias a good one)."""
+    mine = tl.where(live, slot, -1)
     dup = r < 0  # all false
     for start in range(0, num_rows, BLOCK):
         o = start + tl.arange(0, BLOCK).to(tl.int64)
-        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int32)
+        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int64)
         same = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
         dup = dup | (tl.max(same.to(tl.int32), axis=1) > 0)
     return dup & live
 
 
 @triton.jit
-def block_at(bt_ptr, slot, col, bt_stride, max_cols, num_blocks, use):
+def block_at(bt_ptr, slot, col, bt_stride, max_cols, num_blocks, use, need):
     """``block_table[slot, col]`` where ``use`` (any shapes that broadcast), checked:
-    returns ``(block, fault)``. A column outside the table or a block outside ``[1, NB)``
-    other than -1 (0 is the null block) is a fault and reads as -1; unused entries are -1."""
+    returns ``(block, fault)``. A column outside the table, a block outside ``[1, NB)``
+    other than -1 (0 is the null block), or -1 where ``need`` (a block the row reads or
+    copies from must exist) is a fault and reads as -1; unused entries are -1."""
     in_table = (col >= 0) & (col < max_cols)
     b = tl.load(bt_ptr + slot * bt_stride + col, mask=use & in_table, other=-1).to(tl.int64)
-    bad_block = use & in_table & ((b < -1) | (b == 0) | (b >= num_blocks))
+    bad_block = use & in_table & ((b < -1) | (b == 0) | (b >= num_blocks) | (need & (b == -1)))
     fault = tl.where(use & ~in_table, BAD_COLUMN, 0) | tl.where(bad_block, BAD_BLOCK, 0)
     return tl.where(fault == 0, b, -1), fault
+
+
+@triton.jit
+def exceeds(nc, add, NC_MAX: tl.constexpr):
+    """``nc + add > NC_MAX`` for ``nc >= 0``, without the sum (which could wrap)."""
+    return (nc >= 0) & (add > NC_MAX - nc)
 
 
 @triton.jit

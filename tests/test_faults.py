@@ -94,13 +94,13 @@ def test_pools_smaller_than_the_block_table(device_backend):
     assert_good_row_as_alone(device_backend, s, new, out, bt, 12)
 
 
-def test_minus_one_in_the_table_is_no_block_not_a_fault(device_backend):
-    # -1 = no slot (docs/semantics.md §1): the kernels drop that write, nothing is flagged
+def test_minus_one_where_a_row_only_writes_drops_the_write(device_backend):
+    # -1 = no block (docs/semantics.md §1): a candidate written there is dropped, unflagged
     s = state_with((0, 1, 3))
-    new, out = device_backend.preprocess_resolve(s, [0], [2], [1], table_with(0, 1, -1), B, S,
+    new, out = device_backend.preprocess_resolve(s, [0], [2], [1], table_with(0, 2, -1), B, S,
                                                  num_blocks=NB)
     assert bits(device_backend) == 0
-    assert out["temporal_write"][0].tolist() == [-1, 12, -1, -1]  # window columns 1, 2
+    assert out["temporal_write"][0].tolist() == [11, -1, -1, -1]  # window columns 1, 2
     assert new.state_idx[0] == 1
 
 
@@ -426,3 +426,75 @@ def test_the_screen_on_admissions_duplicates_and_overflow():
                             BT, block_size=B, num_spec=S, num_blocks=NB, index_dtype="int32")
     assert got.tolist() == [int(Fault.OVERFLOW), int(Fault.DUPLICATE_SLOT),
                             int(Fault.DUPLICATE_SLOT)]
+
+
+# -- found in review: aliasing ids, wrapping counts, missing read blocks ----------------------
+def test_a_bad_int64_slot_does_not_alias_a_good_one():
+    backend = Torch()  # int64 ids: 2^32 + 1 must not compare equal to slot 1
+    s = state_with((0, 1, 3))
+    new, out = backend.preprocess_resolve(s, [2**32 + 1, 1], [1, 1], [1, 1], BT, B, S,
+                                          num_blocks=NB)
+    assert bits(backend) == Fault.BAD_SLOT and out["run_col"][1] == 0 and new.acc[1] == 1
+
+
+def test_a_count_that_would_wrap_int64_is_an_overflow():
+    backend = Torch(index_dtype="int32")
+    s = state_with((0, 1, 999))
+    st = backend._state(s)
+    huge = torch.tensor([2**63 - 1], device=backend.device)
+    backend.ops.preprocess_resolve_(*st, backend.ids([0]), huge, backend.ids([0]),
+                                    backend.ids(BT), block_size=B, num_spec=S, num_blocks=NB,
+                                    mode="pre-copy")
+    backend._back(st)
+    assert Fault(int(backend.last_errors[0])) == Fault.OVERFLOW
+    st = backend._state(in_flight(s, [0]))
+    backend.ops.postprocess_(*st, backend.ids([0]), huge, backend.ids([0]), backend.ids([1]),
+                             backend.ids(BT), block_size=B, num_spec=S, num_blocks=NB)
+    new = backend._back(st)
+    assert Fault(int(backend.last_errors[0])) == Fault.OVERFLOW and new.num_computed[0] == 999
+
+
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+@pytest.mark.parametrize("col,why", [(0, "the old column: the temporal source of the crossing"),
+                                     (1, "the new running block")])
+def test_a_missing_block_a_row_reads_is_a_fault_in_both_modes(device_backend, mode, col, why):
+    # slot 0 at column 0 crosses into column 1; a -1 where it reads its state would make
+    # it compute from a zero or stale state and cache that later
+    s = state_with((0, 1, 3))
+    new, out = device_backend.preprocess_resolve(s, [0, 1], [2, 1], [0, 1],
+                                                 table_with(0, col, -1), B, S, mode,
+                                                 num_blocks=NB)
+    assert bits(device_backend) == Fault.BAD_BLOCK, why
+    assert_skipped(out, 0, why)
+    assert new.acc[0] == 0
+
+
+def test_postprocess_on_a_faulty_slot_stays_silent_with_huge_counts(device_backend):
+    s = state_with((1, 0, 6))
+    _, out = device_backend.postprocess(s, [0], [2**30], [0], [1], BT, B, S, num_blocks=NB)
+    assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
+
+
+def test_jax_checked_postprocess_masks_every_result():
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import checkify
+
+    from mamba_align.backends import jax as mj
+
+    cfg, pools, _ = runner_case("jax")
+    jp = {n: jnp.asarray(p) for n, p in pools.items()}
+    state = mj.add_requests(mj.init_state(4), jnp.array([0, 1]), jnp.array([3, 3]), config=cfg)
+    step = (jnp.array([0, 1]), jnp.array([1, 1]), jnp.array([True, True]), jnp.asarray(BT))
+    state, jp, _ = mj.preprocess(state, jp, *step, config=cfg)
+
+    def post(state, pools, ns):
+        return mj.postprocess(state, pools, step[0], step[1], step[2], ns, step[3], config=cfg,
+                              validate=True)
+
+    err, (st, _, cache) = checkify.checkify(jax.jit(post))(state, jp, jnp.array([1, 0]))
+    assert "num_sampled must be in" in err.get()
+    assert np.asarray(cache).tolist() == [-1, -1]  # the good row's column withheld too
+    assert np.array_equal(np.asarray(st.acc), np.asarray(state.acc))
+    err, (_, _, cache) = checkify.checkify(jax.jit(post))(state, jp, jnp.array([1, 1]))
+    assert err.get() is None and np.asarray(cache).tolist() == [0, 0]

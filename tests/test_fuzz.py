@@ -36,14 +36,16 @@ SENTINEL = np.float32(-7.5)
 
 #: fault kinds, by the stage that sees them, and the bit each must raise
 PRE_KINDS = {"block_big": Fault.BAD_BLOCK, "block_neg": Fault.BAD_BLOCK,
-             "block_null": Fault.BAD_BLOCK, "column": Fault.BAD_COLUMN,
+             "block_null": Fault.BAD_BLOCK, "block_missing": Fault.BAD_BLOCK,
+             "column": Fault.BAD_COLUMN,
              "slot_big": Fault.BAD_SLOT, "slot_neg": Fault.BAD_SLOT,
              "dup": Fault.DUPLICATE_SLOT, "q_zero": Fault.BAD_QUERY_LEN,
              "q_big": Fault.BAD_QUERY_LEN, "is_spec_2": Fault.BAD_IS_SPEC,
              "faulty": Fault.FAULTY_SLOT, "in_flight": Fault.STEP_ORDER}
 POST_KINDS = {"ns_zero": Fault.BAD_NUM_SAMPLED, "ns_big": Fault.BAD_NUM_SAMPLED}
 #: read from the slot's state or its blocks: not checked on a row that already faults
-STATE_STAGE = {"block_big", "block_neg", "block_null", "column", "faulty", "in_flight"}
+STATE_STAGE = {"block_big", "block_neg", "block_null", "block_missing", "column", "faulty",
+               "in_flight"}
 
 
 def good_step(rng):
@@ -67,6 +69,9 @@ def inject(rng, kinds, state, idx, q, spec, ns, bt):
     for b, kind in enumerate(kinds):
         if kind is None:
             continue
+        if kind == "pad":  # a skipped row (CUDA-graph padding): not a fault
+            idx[b] = -1
+            continue
         slot = idx[b]
         col = max(state.state_idx[slot], -(-(state.num_computed[slot] + q[b]) // B) - 1)
         if kind == "block_big":
@@ -75,6 +80,12 @@ def inject(rng, kinds, state, idx, q, spec, ns, bt):
             bt[slot, col] = -int(rng.integers(2, 9))
         elif kind == "block_null":
             bt[slot, col] = 0
+        elif kind == "block_missing":  # no block where a request with tokens reads its state
+            if state.num_computed[slot] == 0:
+                state.state_idx[slot], state.num_computed[slot] = 0, 1
+            col = max(state.state_idx[slot],
+                      -(-(state.num_computed[slot] + q[b]) // B) - 1)
+            bt[slot, col] = -1
         elif kind == "column":  # a request longer than its table
             state.num_computed[slot] = COLS * B + int(rng.integers(0, B))
             state.state_idx[slot] = (state.num_computed[slot] - 1) // B
@@ -168,7 +179,7 @@ def screened(backend, state, idx, q, spec, ns, bt, pre_idx, core_mid):
     return pre_bits, post_bits
 
 
-KIND = st.sampled_from([None, None] + sorted(PRE_KINDS) + sorted(POST_KINDS))
+KIND = st.sampled_from([None, None, "pad"] + sorted(PRE_KINDS) + sorted(POST_KINDS))
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])

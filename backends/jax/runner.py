@@ -93,7 +93,8 @@ def _check(config: CacheConfig, pools: Pools) -> int:
 def _bookkeeping(op, state: SlotArrays, args: tuple, statics: dict, validate: bool) -> dict:
     """``op`` on the state's arrays; checked (``validate``): on a clear flag, then one
     ``checkify.check`` per fault kind with its message, and a faulty call changes nothing
-    (the state as it was, no copy), also under ``checkify.checkify`` where the step runs on."""
+    (the state as it was; every row's results those of a skipped row: no copy, no block,
+    no cache column), also under ``checkify.checkify`` where the step runs on."""
     instance("validate", validate, bool)
     if not validate:
         return op(*state, *args, **statics)
@@ -104,12 +105,11 @@ def _bookkeeping(op, state: SlotArrays, args: tuple, statics: dict, validate: bo
         checkify.check((bits & int(f)) == 0, f"{CHECKED}: {MESSAGES[f]} (lowest offending "
                        "row: {row})", row=row)
     ok = bits == 0
-    for name in ("state_idx", "acc", "num_computed"):
-        if name in out:
+    for name in out:  # per-row results as for skipped rows: -1 blocks and columns, 0 biases
+        if name in SlotArrays._fields:
             out[name] = jnp.where(ok, out[name], getattr(state, name))
-    for name in ("copy_tsrc", "copy_csrc", "copy_dst"):
-        if name in out:
-            out[name] = jnp.where(ok, out[name], -1)
+        else:
+            out[name] = jnp.where(ok, out[name], 0 if name.endswith("bias") else -1)
     out["errors"] = state.errors
     return out
 
