@@ -5,10 +5,11 @@ compared with a reference on bad input too.
 Each function takes the arrays as the device holds them (integer NumPy arrays; ``acc``
 negated on a slot whose step is in flight, 0 on a faulty slot; ``index_dtype`` names the
 device's per-slot dtype, which bounds ``num_computed``) and returns the fault bits of
-every row, int64 ``[rows]`` (0: a good row; see :class:`.faults.Fault`). A good row then does exactly what
-the core's step functions do; a faulty row changes nothing but leaving its slot faulty.
-The checks run in the kernels' order: a row's slot state and blocks are looked at only
-when the cheaper checks passed (a duplicated slot's state is not read at all).
+every row, int64 ``[rows]`` (0: a good row; see :class:`.faults.Fault`). A good row then
+does exactly what the core's step functions do; a faulty row changes nothing but leaving
+its slot faulty. The checks run in the kernels' order: a row's slot state and blocks are
+looked at only when the cheaper checks passed (a duplicated slot's state is not read at
+all).
 """
 
 from __future__ import annotations

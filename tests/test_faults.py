@@ -167,7 +167,8 @@ POST_CASES = [
 ]
 
 
-@pytest.mark.parametrize("slot0,q,spec,ns,bt,fault,why", POST_CASES, ids=[c[-1] for c in POST_CASES])
+@pytest.mark.parametrize("slot0,q,spec,ns,bt,fault,why", POST_CASES,
+                         ids=[c[-1] for c in POST_CASES])
 def test_postprocess_skips_a_faulty_row_and_caches_nothing(device_backend, slot0, q, spec, ns,
                                                            bt, fault, why):
     s = state_with(slot0, good=(0, 1, 3))
@@ -280,9 +281,8 @@ def test_the_flag_is_sticky_and_keeps_the_lowest_row(device_backend):
 
 
 # -- the runners: the flag in the fast path, raising in the checked mode -----------------------
-def runner_case(name):
-    """A torch or JAX runner step on pools with sentinel-distinct contents: slot 0 good,
-    slot 1 with block 99 in a pool of 26 blocks."""
+def runner_case():
+    """Pools with distinct contents and a block table naming block 99 (of 26) for slot 1."""
     from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
 
     cfg = CacheConfig(B, S, 1, {"conv": ConvSpec(3, 4, "SD", "float32"),
@@ -293,10 +293,22 @@ def runner_case(name):
     return cfg, pools, bt
 
 
+def jax_runner_case():
+    """The JAX runner on ``runner_case``: slots 0 and 1 admitted with 3 tokens each."""
+    import jax.numpy as jnp
+
+    from mamba_align.backends import jax as mj
+
+    cfg, pools, bt = runner_case()
+    jp = {n: jnp.asarray(p) for n, p in pools.items()}
+    state = mj.add_requests(mj.init_state(4), jnp.array([0, 1]), jnp.array([3, 3]), config=cfg)
+    return mj, cfg, pools, jp, state, bt
+
+
 def torch_runner_step(validate, bt_bad=True):
     from mamba_align.backends.torch import StateRunner
 
-    cfg, pools, bt = runner_case("torch")
+    cfg, pools, bt = runner_case()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     r = StateRunner(cfg, 4, dev, validate=validate)
     T = lambda a: torch.as_tensor(np.asarray(a), device=dev)  # noqa: E731
@@ -360,11 +372,7 @@ def test_jax_runner_records_faults_and_the_checked_mode_raises():
     import jax.numpy as jnp
     from jax.experimental import checkify
 
-    from mamba_align.backends import jax as mj
-
-    cfg, pools, bt = runner_case("jax")
-    jp = {n: jnp.asarray(p) for n, p in pools.items()}
-    state = mj.add_requests(mj.init_state(4), jnp.array([0, 1]), jnp.array([3, 3]), config=cfg)
+    mj, cfg, pools, jp, state, bt = jax_runner_case()
     step = (jnp.array([0, 1]), jnp.array([2, 2]), jnp.array([True, True]), jnp.asarray(bt))
     # the fast path: served without the bad row, the flag says why
     st1, _, blocks = mj.preprocess(state, jp, *step, config=cfg)
@@ -403,7 +411,8 @@ def test_the_screen_agrees_on_preprocess(slot0, q, spec, bt, nb, fault, why):
     assert bits_.tolist() == [int(fault), 0], why
 
 
-@pytest.mark.parametrize("slot0,q,spec,ns,bt,fault,why", POST_CASES, ids=[c[-1] for c in POST_CASES])
+@pytest.mark.parametrize("slot0,q,spec,ns,bt,fault,why", POST_CASES,
+                         ids=[c[-1] for c in POST_CASES])
 def test_the_screen_agrees_on_postprocess(slot0, q, spec, ns, bt, fault, why):
     from mamba_align.core import screen_postprocess
 
@@ -480,11 +489,7 @@ def test_jax_checked_postprocess_masks_every_result():
     import jax.numpy as jnp
     from jax.experimental import checkify
 
-    from mamba_align.backends import jax as mj
-
-    cfg, pools, _ = runner_case("jax")
-    jp = {n: jnp.asarray(p) for n, p in pools.items()}
-    state = mj.add_requests(mj.init_state(4), jnp.array([0, 1]), jnp.array([3, 3]), config=cfg)
+    mj, cfg, _, jp, state, _ = jax_runner_case()
     step = (jnp.array([0, 1]), jnp.array([1, 1]), jnp.array([True, True]), jnp.asarray(BT))
     state, jp, _ = mj.preprocess(state, jp, *step, config=cfg)
 
