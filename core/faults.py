@@ -25,6 +25,12 @@ import numpy as np
 NO_ROW = 2**31 - 1
 
 
+def index_max(dtype: str) -> int:
+    """The largest count per-slot arrays of ``dtype`` ("int32" / "int64") hold: counts past
+    it are faults (``BAD_NUM_COMPUTED``, ``OVERFLOW``)."""
+    return 2**31 - 1 if str(dtype) == "int32" else 2**63 - 1
+
+
 class Fault(enum.IntFlag):
     """One bit per kind of fault, as the kernels OR them into ``errors[0]``."""
 

@@ -16,12 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .faults import Fault
-
-
-def _index_max(dtype: str) -> int:
-    """The largest count per-slot arrays of ``dtype`` ("int32" / "int64") hold."""
-    return 2**31 - 1 if str(dtype) == "int32" else 2**63 - 1
+from .faults import Fault, index_max
 
 
 def _rows(idx, num_slots):
@@ -37,7 +32,7 @@ def _rows(idx, num_slots):
 
 def _exceeds(nc, add, index_dtype) -> np.ndarray:
     """``nc + add`` past the dtype's range (for ``nc >= 0``), without the sum."""
-    return (nc >= 0) & (add > _index_max(index_dtype) - nc)
+    return (nc >= 0) & (add > index_max(index_dtype) - nc)
 
 
 def _blocks(bt, slot, col, use, num_blocks, need=False):
@@ -62,7 +57,7 @@ def screen_add_requests(num_slots: int, slots, num_computed_new, *,
     """Faults of ``add_requests`` rows; ``index_dtype``: that of the per-slot arrays."""
     slots, live, _, fault = _rows(slots, num_slots)
     nc = np.asarray(num_computed_new, np.int64)
-    fault |= np.where(live & ((nc < 0) | (nc > _index_max(index_dtype))),
+    fault |= np.where(live & ((nc < 0) | (nc > index_max(index_dtype))),
                       int(Fault.BAD_NUM_COMPUTED), 0)
     return fault
 

@@ -25,11 +25,12 @@ from typing import Optional
 import triton
 import triton.language as tl
 
+from ..core.faults import index_max
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_step_scalars, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
                    DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows, block_at,
-                   duplicated, exceeds, flag, index_max)
+                   duplicated, exceeds, flag)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
 #: row of the batch (duplicate slots) in [32, 32] tiles; see benchmarks/README.md.
@@ -194,11 +195,6 @@ def check_errors(errors: ArraySpec) -> None:
     check_array("errors", errors, (2,), ("int32",))
 
 
-def check_num_blocks(num_blocks: int) -> None:
-    if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-        raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
-
-
 @functools.lru_cache(maxsize=256, typed=True)
 def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec,
                       errors: ArraySpec, slots: ArraySpec, num_computed_new: ArraySpec, *,
@@ -226,8 +222,7 @@ def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySp
                      errors: ArraySpec, idx_mapping: ArraySpec, query_len: ArraySpec,
                      is_spec: ArraySpec, num_sampled: ArraySpec, block_table: ArraySpec, *,
                      block_size: int, num_spec: int, num_blocks: int) -> LaunchPlan:
-    check_step_scalars(block_size, num_spec)
-    check_num_blocks(num_blocks)
+    check_step_scalars(block_size, num_spec, num_blocks)
     num_slots = slot_arrays(state_idx, acc, num_computed)
     check_errors(errors)
     rows = check_rows(idx_mapping, query_len, is_spec)

@@ -282,9 +282,11 @@ def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-def check_step_scalars(block_size: int, num_spec: int = 0) -> None:
-    """``block_size >= 1`` and ``num_spec >= 0``: static, so checked on the host."""
-    for name, v, low in (("block_size", block_size, 1), ("num_spec", num_spec, 0)):
+def check_step_scalars(block_size: int, num_spec: int = 0, num_blocks: int = 1) -> None:
+    """``block_size >= 1``, ``num_spec >= 0`` and ``num_blocks >= 1``: static, so checked
+    on the host."""
+    for name, v, low in (("block_size", block_size, 1), ("num_spec", num_spec, 0),
+                         ("num_blocks", num_blocks, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
 

@@ -14,14 +14,14 @@ from typing import Union
 import triton
 import triton.language as tl
 
+from ..core.faults import index_max
 from ..core.resolve import Mode, check_mode
 from .bookkeeping import (FAULT_DOC, ROW, ROWS_PER_PROGRAM, check_errors, check_rows,
-                          check_num_blocks, slot_arrays)
+                          slot_arrays)
 from .plan import ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_step_scalars, next_pow2
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
-                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds, flag,
-                   index_max)
+                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds, flag)
 from .rows import batch_rows
 
 
@@ -157,8 +157,7 @@ def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: 
                             mode: Union[Mode, str]) -> LaunchPlan:
     """Preprocess (step 1 and the pre-copy plan) and the resolution of read / write blocks
     in one launch: a row's blocks depend on its own bookkeeping only."""
-    check_step_scalars(block_size, num_spec)
-    check_num_blocks(num_blocks)
+    check_step_scalars(block_size, num_spec, num_blocks)
     mode = check_mode(mode)
     num_slots = slot_arrays(state_idx, acc, num_computed)
     check_errors(errors)
@@ -174,8 +173,9 @@ def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: 
         outputs=PER_ROW + ("state_idx", "acc", "errors"),
         out_specs={n: Output((rows, win) if n == "temporal_write" else (rows,), ROW)
                    for n in PER_ROW},
-        constexprs={"WIN": win, "WIN_PAD": next_pow2(win), "NC_MAX": index_max(num_computed.dtype),
-                    "BLOCK": ROWS_PER_PROGRAM, "COPY_FREE": mode is Mode.COPY_FREE},
+        constexprs={"WIN": win, "WIN_PAD": next_pow2(win),
+                    "NC_MAX": index_max(num_computed.dtype), "BLOCK": ROWS_PER_PROGRAM,
+                    "COPY_FREE": mode is Mode.COPY_FREE},
         aliases={n: n for n in ("state_idx", "acc", "errors")},
         skip=rows == 0,
     )

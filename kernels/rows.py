@@ -12,25 +12,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..core.faults import Fault
+from ..core.faults import NO_ROW, Fault
 
-BAD_SLOT = tl.constexpr(int(Fault.BAD_SLOT))
-DUPLICATE_SLOT = tl.constexpr(int(Fault.DUPLICATE_SLOT))
-BAD_QUERY_LEN = tl.constexpr(int(Fault.BAD_QUERY_LEN))
-BAD_NUM_SAMPLED = tl.constexpr(int(Fault.BAD_NUM_SAMPLED))
-BAD_IS_SPEC = tl.constexpr(int(Fault.BAD_IS_SPEC))
-BAD_BLOCK = tl.constexpr(int(Fault.BAD_BLOCK))
-BAD_COLUMN = tl.constexpr(int(Fault.BAD_COLUMN))
-BAD_NUM_COMPUTED = tl.constexpr(int(Fault.BAD_NUM_COMPUTED))
-OVERFLOW = tl.constexpr(int(Fault.OVERFLOW))
-INCONSISTENT = tl.constexpr(int(Fault.INCONSISTENT))
-FAULTY_SLOT = tl.constexpr(int(Fault.FAULTY_SLOT))
-STEP_ORDER = tl.constexpr(int(Fault.STEP_ORDER))
-
-
-def index_max(dtype: str) -> int:
-    """The largest count an index array of ``dtype`` (int32 / int64) can hold."""
-    return 2**31 - 1 if dtype == "int32" else 2**63 - 1
+# every fault bit as a constexpr global the kernels can read: BAD_SLOT, BAD_BLOCK, ...
+globals().update({f.name: tl.constexpr(int(f)) for f in Fault})
+_NO_ROW = tl.constexpr(NO_ROW)
 
 
 @triton.jit
@@ -99,4 +85,4 @@ def flag(errors_ptr, r, fault):
     bits = any_fault(fault.to(tl.int32), 0)
     if bits != 0:
         tl.atomic_or(errors_ptr, bits)
-        tl.atomic_min(errors_ptr + 1, tl.min(tl.where(fault != 0, r, 2**31 - 1)).to(tl.int32))
+        tl.atomic_min(errors_ptr + 1, tl.min(tl.where(fault != 0, r, _NO_ROW)).to(tl.int32))

@@ -75,3 +75,49 @@ def test_copy_kernels_vectorize_whatever_the_launcher(ptx_accesses, pool):
     assert any(k.startswith("ld.") for k in data) and any(k.startswith("st.") for k in data)
     assert not any(k.endswith((".b16", ".b8")) or (k.startswith("st.") and ".v4." not in k)
                    for k in jax_like), jax_like
+
+
+BOOKKEEPING_SCRIPT = r"""
+import json, os, re
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import mamba_align.kernels as K
+
+i32 = lambda *shape: K.ArraySpec.row_major(shape, "int32")
+flag = K.ArraySpec.row_major((8,), "bool")
+plans = {
+    "add_requests": K.plan_add_requests(i32(16), i32(16), i32(16), i32(2), i32(8), i32(8),
+                                        block_size=4),
+    "preprocess_resolve": K.plan_preprocess_resolve(
+        i32(16), i32(16), i32(16), i32(2), i32(8), i32(8), flag, i32(16, 6), block_size=4,
+        num_spec=2, num_blocks=64, mode="copy-free"),
+    "postprocess": K.plan_postprocess(i32(16), i32(16), i32(16), i32(2), i32(8), i32(8), flag,
+                                      i32(8), i32(16, 6), block_size=4, num_spec=2,
+                                      num_blocks=64),
+}
+out = {}
+for name, plan in plans.items():
+    names = plan.kernel.arg_names
+    sig = {n: ("*i1" if n.startswith("is_spec") else "*i32") if n.endswith("_ptr")
+           else "constexpr" if n in plan.constexprs else "i32" for n in names}
+    src = ASTSource(fn=plan.kernel, signature=sig, constexprs=dict(plan.constexprs))
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": plan.num_warps}).asm["ptx"]
+    out[name] = sorted(set(re.findall(r"atom\.global[\w.]*", ptx)))
+print(json.dumps(out))
+"""
+
+
+def test_bookkeeping_kernels_compile_for_the_gpu_with_the_flag_atomics():
+    """The fault checks compile for sm_90 (no GPU needed), and each kernel updates the
+    error flag with atomic OR and MIN."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", BOOKKEEPING_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode:
+        pytest.fail(f"compiling the bookkeeping kernels for sm_90 failed:\n{r.stderr[-3000:]}")
+    atomics = json.loads(r.stdout.strip().splitlines()[-1])
+    for name, ops in atomics.items():
+        assert any(".or." in o for o in ops) and any(".min." in o for o in ops), (name, ops)
