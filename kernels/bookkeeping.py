@@ -275,6 +275,7 @@ POSTPROCESS = Op(
     plan=plan_postprocess,
     mutates=("acc", "num_computed", "errors"),
     returns=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"),
+    skipped={"cache_col": -1, "copy_tsrc": -1, "copy_csrc": -1, "copy_dst": -1, "copy_bias": 0},
     doc="""Steps 5-7 of docs/semantics.md §2 on the device: accept ``num_sampled`` (int
     ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` are updated in
     place; returns per-row ``cache_col`` (the column whose block may enter the prefix cache,

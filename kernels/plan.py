@@ -140,7 +140,8 @@ class Op:
     ``plan(**arrays_as_ArraySpec, **statics)`` validates and returns the
     :class:`LaunchPlan`. ``mutates`` names the arrays updated in place (torch mutates them;
     JAX returns them updated), ``returns`` the new outputs (``LaunchPlan.returned``).
-    ``doc`` is the user-facing description (shapes, dtypes).
+    ``doc`` is the user-facing description (shapes, dtypes). ``skipped``: what a skipped
+    (or faulty) row gets in each per-row output, for a backend that must withhold results.
     """
 
     name: str
@@ -150,6 +151,7 @@ class Op:
     mutates: Tuple[str, ...]
     returns: Tuple[str, ...]  # the plan's new (not in-place) outputs, in order
     doc: str
+    skipped: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def static_names(self) -> Tuple[str, ...]:

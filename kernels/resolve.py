@@ -190,6 +190,7 @@ PREPROCESS_RESOLVE = Op(
     plan=plan_preprocess_resolve,
     mutates=("state_idx", "acc", "errors"),
     returns=PER_ROW,
+    skipped={n: 0 if n.endswith("bias") else -1 for n in PER_ROW},
     doc="""Step 1 of docs/semantics.md §2 and the resolution of §4, one launch. Updates
     ``state_idx`` / ``acc`` (int32/int64 ``[num_slots]``) in place from ``idx_mapping``,
     ``query_len`` (int ``[rows]``), ``is_spec`` (bool/int ``[rows]``) and ``block_table``

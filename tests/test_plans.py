@@ -33,6 +33,7 @@ def sample_plan(op, **change):
 def test_declarations_agree_with_the_plans(op):
     plan = sample_plan(op)
     assert plan.returned == op.returns  # the torch custom op's outputs, in order
+    assert set(op.skipped) == set(op.returns)  # what a skipped row gets in each of them
     assert set(plan.aliases) == set(op.mutates) and set(plan.aliases.values()) <= set(op.arrays)
     assert set(plan.inputs) == set(op.arrays)
     assert not plan.skip

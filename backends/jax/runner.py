@@ -29,6 +29,7 @@ from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
 from ...core.faults import CHECKED, MESSAGES, Fault, decode_errors, new_errors
 from ...core.resolve import Mode, check_mode
+from ... import kernels as K
 from . import ops
 
 
@@ -90,26 +91,27 @@ def _check(config: CacheConfig, pools: Pools) -> int:
     return config.check_pools(pools, _describe)
 
 
-def _bookkeeping(op, state: SlotArrays, args: tuple, statics: dict, validate: bool) -> dict:
+def _bookkeeping(op: K.Op, state: SlotArrays, args: tuple, statics: dict,
+                 validate: bool) -> dict:
     """``op`` on the state's arrays; checked (``validate``): on a clear flag, then one
     ``checkify.check`` per fault kind with its message, and a faulty call changes nothing
     (the state as it was; every row's results those of a skipped row: no copy, no block,
     no cache column), also under ``checkify.checkify`` where the step runs on."""
     instance("validate", validate, bool)
     if not validate:
-        return op(*state, *args, **statics)
-    out = dict(op(state.state_idx, state.acc, state.num_computed, jnp.asarray(new_errors()),
-                  *args, **statics))
+        return ops.launch(op, dict(zip(op.arrays, (*state, *args))), statics)
+    out = ops.launch(op, dict(zip(op.arrays, (state.state_idx, state.acc, state.num_computed,
+                                              jnp.asarray(new_errors()), *args))), statics)
     bits, row = out["errors"][0], out["errors"][1]
     for f in Fault:
         checkify.check((bits & int(f)) == 0, f"{CHECKED}: {MESSAGES[f]} (lowest offending "
                        "row: {row})", row=row)
     ok = bits == 0
-    for name in out:  # per-row results as for skipped rows: -1 blocks and columns, 0 biases
+    for name in out:  # every per-row result as for a skipped row
         if name in SlotArrays._fields:
             out[name] = jnp.where(ok, out[name], getattr(state, name))
         else:
-            out[name] = jnp.where(ok, out[name], 0 if name.endswith("bias") else -1)
+            out[name] = jnp.where(ok, out[name], op.skipped[name])
     out["errors"] = state.errors
     return out
 
@@ -120,7 +122,7 @@ def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *
     ``num_computed`` ([n]: 0 fresh, k·B on a prefix hit). ``validate``: the checked mode
     (see the module)."""
     instance("config", config, CacheConfig)
-    out = _bookkeeping(ops.add_requests, state, (slots, num_computed),
+    out = _bookkeeping(K.ADD_REQUESTS, state, (slots, num_computed),
                        {"block_size": config.block_size}, validate)
     return SlotArrays(out["state_idx"], out["acc"], out["num_computed"], out["errors"])
 
@@ -140,7 +142,7 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_le
     the checked mode (see the module)."""
     mode = check_mode(mode)
     num_blocks = _check(config, pools)
-    out = _bookkeeping(ops.preprocess_resolve, state, (idx_mapping, query_len, is_spec,
+    out = _bookkeeping(K.PREPROCESS_RESOLVE, state, (idx_mapping, query_len, is_spec,
                                                        block_table),
                        {"block_size": config.block_size, "num_spec": config.num_spec,
                         "num_blocks": num_blocks, "mode": mode.value}, validate)
@@ -158,7 +160,7 @@ def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_l
     in :func:`preprocess`); returns the new state, pools and per-row ``cache_col`` ([rows]:
     the column whose block may enter the prefix cache, -1 if none)."""
     num_blocks = _check(config, pools)
-    post = _bookkeeping(ops.postprocess, state, (idx_mapping, query_len, is_spec, num_sampled,
+    post = _bookkeeping(K.POSTPROCESS, state, (idx_mapping, query_len, is_spec, num_sampled,
                                                  block_table),
                         {"block_size": config.block_size, "num_spec": config.num_spec,
                          "num_blocks": num_blocks}, validate)
