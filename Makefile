@@ -62,7 +62,7 @@ gpu-fuzz: gpu-setup
 SANITIZE_ENV := PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform
 SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
-	tests/test_faults.py tests/test_fuzz.py
+	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py
 sanitize: gpu-setup
 	! $(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 1 \
 	  python3 tests/sanitizer_control.py > $(OUT)/sanitize_control.log 2>&1
