@@ -20,21 +20,27 @@ write blocks (:mod:`.resolve`).
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import triton
 import triton.language as tl
 
 from ..core.faults import index_max
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
-                   check_step_scalars, table_scalars)
+                   check_step_scalars, next_pow2, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
                    DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows, block_at,
                    duplicated, exceeds, flag)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
-#: row of the batch (duplicate slots) in [32, 32] tiles; see benchmarks/README.md.
-ROWS_PER_PROGRAM = 32
+#: row of the batch (duplicate slots): more programs share that work (benchmarks/README.md).
+ROWS_PER_PROGRAM = 8
+#: The duplicate check compares ``[ROWS_PER_PROGRAM, chunk]`` tiles of ids, ``chunk`` the
+#: batch size rounded up to a power of two within [32, DUP_CHUNK]; batches up to
+#: DUP_UNROLL rows in one unrolled pass (one compile per size bucket), larger ones loop.
+DUP_CHUNK = 128
+DUP_UNROLL = 1024
+ROW_WARPS = 4
 
 
 @triton.jit
@@ -54,9 +60,12 @@ def add_requests_kernel(
     errors_ptr,
     NC_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     i, in_batch, slot, live, fault = batch_rows(slots_ptr, num_new, num_slots, BLOCK)
-    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, BLOCK), DUPLICATE_SLOT, 0)
+    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, CHUNK, WIDTH), DUPLICATE_SLOT,
+                      0)
     nc = tl.load(num_computed_new_ptr + i, mask=live, other=0).to(tl.int64)
     fault |= tl.where(live & ((nc < 0) | (nc > NC_MAX)), BAD_NUM_COMPUTED, 0)
     ok = live & (fault == 0)
@@ -96,9 +105,11 @@ def postprocess_kernel(
     errors_ptr,
     NC_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WIDTH: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
     fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
@@ -162,8 +173,19 @@ def postprocess_kernel(
     flag(errors_ptr, r, fault)
 
 
-def _row_grid(num_rows: int):
-    return (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),)
+def row_launch(num_rows: int, **constexprs: Any) -> Dict[str, Any]:
+    """The launch shape of a kernel over ``num_rows`` batch rows, as keyword arguments of a
+    :class:`LaunchPlan`: ``grid``, ``num_warps`` and ``constexprs``, which are
+    ``constexprs`` plus ``BLOCK`` (rows per program), ``CHUNK`` and ``WIDTH`` (see
+    :func:`.rows.duplicated`)."""
+    # a symbolic size (torch.compile's fake tensors, which only allocate) must not be
+    # compared: that would pin the compiled graph to one batch size
+    bucket = next_pow2(num_rows) if isinstance(num_rows, int) else DUP_UNROLL
+    chunk = min(max(32, bucket), DUP_CHUNK)
+    width = min(max(chunk, bucket), max(DUP_UNROLL, chunk))
+    return {"grid": (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),), "num_warps": ROW_WARPS,
+            "constexprs": {**constexprs, "BLOCK": ROWS_PER_PROGRAM, "CHUNK": chunk,
+                           "WIDTH": width}}
 
 
 ROW = "int64"  # per-row outputs (JAX without x64 stores them as int32)
@@ -207,11 +229,10 @@ def plan_add_requests(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArrayS
     check_array("num_computed_new", num_computed_new, (n,))
     return LaunchPlan(
         kernel=add_requests_kernel,
-        grid=_row_grid(n),
         inputs=("slots", "num_computed_new", "state_idx", "acc", "num_computed", "errors"),
         scalars=(("num_new", n), ("num_slots", num_slots), ("block_size", block_size)),
         outputs=("state_idx", "acc", "num_computed", "errors"),
-        constexprs={"NC_MAX": index_max(num_computed.dtype), "BLOCK": ROWS_PER_PROGRAM},
+        **row_launch(n, NC_MAX=index_max(num_computed.dtype)),
         aliases={n: n for n in ("state_idx", "acc", "num_computed", "errors")},
         skip=n == 0,
     )
@@ -230,7 +251,6 @@ def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySp
     names = ("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")
     return LaunchPlan(
         kernel=postprocess_kernel,
-        grid=_row_grid(rows),
         inputs=("idx_mapping", "query_len", "is_spec", "num_sampled", "block_table",
                 "state_idx", "acc", "num_computed", "errors"),
         scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size),
@@ -238,7 +258,7 @@ def plan_postprocess(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySp
         + (("num_blocks", num_blocks),),
         outputs=names + ("acc", "num_computed", "errors"),
         out_specs={n: Output((rows,), ROW) for n in names},
-        constexprs={"NC_MAX": index_max(num_computed.dtype), "BLOCK": ROWS_PER_PROGRAM},
+        **row_launch(rows, NC_MAX=index_max(num_computed.dtype)),
         aliases={n: n for n in ("acc", "num_computed", "errors")},
         skip=rows == 0,
     )

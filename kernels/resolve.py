@@ -16,9 +16,8 @@ import triton.language as tl
 
 from ..core.faults import index_max
 from ..core.resolve import Mode, check_mode
-from .bookkeeping import (FAULT_DOC, ROW, ROWS_PER_PROGRAM, check_errors, check_rows,
-                          slot_arrays)
-from .plan import ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_step_scalars, next_pow2
+from .bookkeeping import FAULT_DOC, ROW, check_errors, check_rows, row_launch, slot_arrays
+from .plan import ArraySpec, LaunchPlan, Op, Output, Static, check_step_scalars, next_pow2
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
                    OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds, flag)
@@ -60,12 +59,14 @@ def preprocess_resolve_kernel(
     WIN_PAD: tl.constexpr,
     NC_MAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    WIDTH: tl.constexpr,
     COPY_FREE: tl.constexpr,
 ):
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only.
     # Everything is decided before anything is stored, so a faulty row stores nothing.
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, BLOCK)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
     fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
@@ -165,7 +166,6 @@ def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: 
     win = 1 + num_spec
     return LaunchPlan(
         kernel=preprocess_resolve_kernel,
-        grid=(max(1, cdiv(rows, ROWS_PER_PROGRAM)),),
         inputs=("idx_mapping", "query_len", "is_spec", "block_table", "state_idx", "acc",
                 "num_computed", "errors"),
         scalars=(("num_rows", rows), ("num_slots", num_slots), ("block_size", block_size))
@@ -173,9 +173,8 @@ def plan_preprocess_resolve(state_idx: ArraySpec, acc: ArraySpec, num_computed: 
         outputs=PER_ROW + ("state_idx", "acc", "errors"),
         out_specs={n: Output((rows, win) if n == "temporal_write" else (rows,), ROW)
                    for n in PER_ROW},
-        constexprs={"WIN": win, "WIN_PAD": next_pow2(win),
-                    "NC_MAX": index_max(num_computed.dtype), "BLOCK": ROWS_PER_PROGRAM,
-                    "COPY_FREE": mode is Mode.COPY_FREE},
+        **row_launch(rows, WIN=win, WIN_PAD=next_pow2(win),
+                     NC_MAX=index_max(num_computed.dtype), COPY_FREE=mode is Mode.COPY_FREE),
         aliases={n: n for n in ("state_idx", "acc", "errors")},
         skip=rows == 0,
     )

@@ -33,19 +33,23 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def duplicated(ids_ptr, r, slot, live, num_rows, BLOCK: tl.constexpr):
+def duplicated(ids_ptr, r, slot, live, num_rows, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
-    every row of a duplicated slot is found, whatever program holds the other. A pass over
-    all rows in ``[BLOCK, BLOCK]`` tiles (small tiles stay in registers), comparing the ids
-    as given (int64: a bad id must not alias a good one)."""
-    mine = tl.where(live, slot, -1)
-    dup = r < 0  # all false
-    for start in range(0, num_rows, BLOCK):
-        o = start + tl.arange(0, BLOCK).to(tl.int64)
-        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1).to(tl.int64)
-        same = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
-        dup = dup | (tl.max(same.to(tl.int32), axis=1) > 0)
-    return dup & live
+    every row of a duplicated slot is found, whatever program holds the other. The ids are
+    compared in their own dtype (a bad int64 id must not alias a good slot), ``CHUNK``
+    rows at a time; the first ``WIDTH`` rows in an unrolled pass, the rest (batches past
+    ``WIDTH``) in a loop."""
+    mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)
+    seen = (r[:, None] < 0) & (tl.arange(0, CHUNK)[None, :] < 0)  # [BLOCK, CHUNK], all false
+    for start in tl.static_range(0, WIDTH, CHUNK):
+        o = start + tl.arange(0, CHUNK)
+        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
+        seen = seen | ((mine[:, None] == other[None, :]) & (r[:, None] != o[None, :]))
+    for start in range(WIDTH, num_rows, CHUNK):
+        o = start + tl.arange(0, CHUNK)
+        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
+        seen = seen | ((mine[:, None] == other[None, :]) & (r[:, None] != o[None, :]))
+    return (tl.max(seen.to(tl.int32), axis=1) > 0) & live
 
 
 @triton.jit

@@ -13,6 +13,7 @@ from support import Torch, in_flight, make_backend, slots
 
 from mamba_align.core import Fault, decode_errors, error_row, new_errors, raise_errors
 from mamba_align.core.faults import MESSAGES, NO_ROW
+from mamba_align.kernels.bookkeeping import row_launch
 
 
 # -- preprocess ---------------------------------------------------------------------------------
@@ -62,9 +63,11 @@ def test_duplicate_rows_are_both_skipped(device_backend):
     assert_good_row_as_alone(device_backend, s, new, out)
 
 
-@pytest.mark.parametrize("n,partner", [(80, 70), (300, 290)])
+@pytest.mark.parametrize("n,partner", [(80, 70), (300, 290), (1100, 1090)])
 def test_duplicates_are_found_across_programs(device_backend, n, partner):
-    # rows of several programs, compared in several tiles
+    # rows of several programs, compared in several tiles; past the unrolled width (the
+    # last case) row 3 finds its partner in the loop, and the partner finds row 3 unrolled
+    assert (row_launch(n)["constexprs"]["WIDTH"] < n) == (n > 1000)
     s = slots(np.zeros(n, np.int64), np.ones(n, np.int64), np.full(n, 3))
     bt = np.arange(1, 1 + n * 4).reshape(n, 4)
     idx = np.arange(n)

@@ -28,7 +28,7 @@ from mamba_align.core import (CacheConfig, ConvSpec, CopyPlan, Fault, TemporalSp
                               screen_postprocess, screen_preprocess)
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
-B, S, SLOTS, ROWS, COLS = 4, 2, 6, 4, 8
+B, S, SLOTS, ROWS, COLS = 4, 2, 16, 12, 8  # rows of two programs (kernels.bookkeeping)
 NB = SLOTS * COLS + 3  # every slot owns COLS distinct blocks; block 0 null, 2 spare
 CFG = CacheConfig(B, S, 1, {"conv": ConvSpec(3, 4, "SD", "float32"),
                             "ssm": TemporalSpec((2, 2), "float32")})
@@ -179,7 +179,8 @@ def screened(backend, state, idx, q, spec, ns, bt, pre_idx, core_mid):
     return pre_bits, post_bits
 
 
-KIND = st.sampled_from([None, None, "pad"] + sorted(PRE_KINDS) + sorted(POST_KINDS))
+#: a row is good about 6 times in 10: steps with one fault, several, or none
+KIND = st.sampled_from([None] * 26 + ["pad"] + sorted(PRE_KINDS) + sorted(POST_KINDS))
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
@@ -280,7 +281,7 @@ def test_the_fuzz_draws_every_kind():
     rng = np.random.default_rng(0)
     for kind in list(PRE_KINDS) + list(POST_KINDS):
         good = good_step(rng)
-        *_, faults = inject(rng, [kind, None, None, None], *good)
+        *_, faults = inject(rng, [kind] + [None] * (ROWS - 1), *good)
         assert kind in faults[0]
 
 
