@@ -46,6 +46,8 @@ class Fault(enum.IntFlag):
     INCONSISTENT = 1 << 9
     FAULTY_SLOT = 1 << 10
     STEP_ORDER = 1 << 11
+    BAD_OFFSET = 1 << 12
+    BAD_CU_SEQLENS = 1 << 13
 
 
 MESSAGES = {
@@ -69,6 +71,9 @@ MESSAGES = {
     Fault.STEP_ORDER: "steps out of order: postprocess of a slot with no preprocess since its "
                       "last postprocess (called twice?), or preprocess of a slot whose step "
                       "was never postprocessed",
+    Fault.BAD_OFFSET: "a conv read offset (conv_read_bias) outside [0, W - K + 1]: the history "
+                      "would run past the block",
+    Fault.BAD_CU_SEQLENS: "cu_seqlens must be non-decreasing and within [0, T_total]",
 }
 
 

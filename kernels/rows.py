@@ -90,3 +90,11 @@ def flag(errors_ptr, r, fault):
     if bits != 0:
         tl.atomic_or(errors_ptr, bits)
         tl.atomic_min(errors_ptr + 1, tl.min(tl.where(fault != 0, r, _NO_ROW)).to(tl.int32))
+
+
+@triton.jit
+def flag_row(errors_ptr, row, fault):
+    """:func:`flag` for one row (scalars): two atomics, only when ``fault`` is nonzero."""
+    if fault != 0:
+        tl.atomic_or(errors_ptr, fault.to(tl.int32))
+        tl.atomic_min(errors_ptr + 1, row.to(tl.int32))

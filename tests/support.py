@@ -29,6 +29,8 @@ from mamba_align.core import (
     preprocess,
     resolve_blocks,
 )
+from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
+from mamba_align.core.faults import NO_ROW
 
 BACKENDS = ("reference", "torch", "jax")
 DEVICE_BACKENDS = ("torch", "jax")  # the kernels: they skip what the core rejects
@@ -131,6 +133,10 @@ class Backend:
 
     def copy_conv(self, pool, src, dst, bias, layout): ...
 
+    # recurrences -> (outputs, new pool, error flag [bits, lowest faulty row])
+    def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
+                      activation="silu"): ...
+
 
 class Reference(Backend):
     name = "reference"
@@ -168,6 +174,14 @@ class Reference(Backend):
         out = pool.copy()
         apply_conv_copy(out, copy_plan(src, src, dst, bias), layout)
         return out
+
+    def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
+                      activation="silu"):
+        out = pool.copy()
+        y, out[layer], fault = causal_conv1d_update_ref(x, weight, bias, pool[layer], cu, rb,
+                                                        off, wb, spec, activation=activation,
+                                                        layout=layout)
+        return y, out, flag_of(fault)
 
 
 class Torch(Backend):
@@ -245,6 +259,15 @@ class Torch(Backend):
         self.ops.copy_conv_(t, self.ids(src), self.ids(dst), self.ids(bias), layout=layout)
         return self.host(t)
 
+    def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
+                      activation="silu"):
+        t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
+        y = self.ops.conv1d_update_(t, errors, self.pool(x), self.pool(weight), self.pool(bias),
+                                    self.ids(cu), self.ids(rb), self.ids(off), self.ids(wb),
+                                    self.flags(spec), layer=layer, layout=layout,
+                                    activation=activation)["y"]
+        return self.host(y), self.host(t), self.host(errors).astype(np.int64)
+
     def copy_pools(self, pools, kinds, plan):
         t = {n: self.pool(p) for n, p in pools.items()}
         self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()})
@@ -315,10 +338,28 @@ class Jax(Backend):
                                              self.ids(dst), self.ids(bias),
                                              layout=layout)["pool"])
 
+    def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
+                      activation="silu"):
+        A = self.jnp.asarray  # noqa: N806
+        out = self.ops.conv1d_update(A(pool), A(new_errors()), A(x), A(weight), A(bias),
+                                     self.ids(cu), self.ids(rb), self.ids(off), self.ids(wb),
+                                     self.flags(spec), layer=layer, layout=layout,
+                                     activation=activation)
+        return (np.asarray(out["y"]), np.asarray(out["pool"]),
+                np.asarray(out["errors"]).astype(np.int64))
+
     def copy_pools(self, pools, kinds, plan):
         out = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()}, kinds,
                                   {n: self.ids(v) for n, v in plan.items()})
         return {n: np.asarray(p) for n, p in out.items()}
+
+
+def flag_of(fault) -> np.ndarray:
+    """The error flag (int64 ``[2]``) a launch leaves for per-row fault bits ``fault``."""
+    fault = np.asarray(fault, np.int64)
+    rows = np.flatnonzero(fault)
+    return np.array([int(np.bitwise_or.reduce(fault, initial=0)),
+                     int(rows[0]) if len(rows) else NO_ROW], np.int64)
 
 
 def in_flight(state: SlotState, idx) -> SlotState:

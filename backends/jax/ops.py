@@ -90,6 +90,7 @@ preprocess_resolve = public(K.PREPROCESS_RESOLVE)
 postprocess = public(K.POSTPROCESS)
 copy_temporal = public(K.COPY_TEMPORAL)
 copy_conv = public(K.COPY_CONV)
+conv1d_update = public(K.CONV1D_UPDATE)
 
 
 def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],

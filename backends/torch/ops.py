@@ -148,6 +148,7 @@ preprocess_resolve_ = public(K.PREPROCESS_RESOLVE)
 postprocess_ = public(K.POSTPROCESS)
 copy_temporal_ = public(K.COPY_TEMPORAL)
 copy_conv_ = public(K.COPY_CONV)
+conv1d_update_ = public(K.CONV1D_UPDATE)
 
 
 def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],

@@ -1,0 +1,226 @@
+"""Causal conv1d update with separate read and write blocks (docs/semantics.md §4, "Causal
+conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv1d_update_ref`.
+
+One program per (row, channel tile), both on grid axis 0. A program reads the row's
+history from its read block at its read offset, computes ``y`` for the row's tokens in
+tiles of ``BLOCK_T`` tokens (fp32, the ``K`` taps summed in order, then the conv bias:
+the same order whatever the batch, so a row's bits do not depend on it), then loads the
+new window completely and only then, after a barrier, stores it to the write block (which
+may be the read block).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+
+from ..core.conv1d_ref import ACTIVATIONS
+from .bookkeeping import check_errors
+from .copy import check_layout
+from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
+                   check_pool, next_pow2, pool_scalars)
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row
+
+FLOATS = ("float32", "float16", "bfloat16")
+BLOCK_T = 16  # tokens per tile: fixed, never from the batch (batch invariance)
+
+
+@triton.jit
+def _window_at(pool_ptr, base, pos, d, width, dim, mask, LAYOUT_DS: tl.constexpr):
+    """``[len(pos), TILE_D]`` rows ``pos`` of the conv window at ``base``, as fp32."""
+    if LAYOUT_DS:
+        offs = base + d[None, :] * width + pos[:, None]
+    else:
+        offs = base + pos[:, None] * dim + d[None, :]
+    return tl.load(pool_ptr + offs, mask=mask, other=0).to(tl.float32)
+
+
+@triton.jit
+def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, width, dim, x_stride, has_hist, mask,
+             K: tl.constexpr, LAYOUT_DS: tl.constexpr):
+    """Rows ``i`` of ``full = history ++ x`` (``K - 1`` history rows, then the row's
+    tokens from ``t0``), fp32 ``[len(i), TILE_D]``; the history is zero without a read
+    block."""
+    hist = i < K - 1
+    h = _window_at(pool_ptr, rbase, off + i, d, width, dim,
+                   mask & hist[:, None] & has_hist, LAYOUT_DS)
+    xo = (t0 + i - (K - 1)).to(tl.int64) * x_stride
+    xv = tl.load(x_ptr + xo[:, None] + d[None, :], mask=mask & ~hist[:, None], other=0)
+    return tl.where(hist[:, None], h, xv.to(tl.float32))
+
+
+@triton.jit
+def conv1d_update_kernel(
+    pool_in_ptr,  # aliased with pool_ptr: read and written through pool_ptr
+    errors_in_ptr,
+    x_ptr,  # [T_total, D]
+    weight_ptr,  # [D, K]
+    bias_ptr,  # [D]
+    cu_seqlens_ptr,  # [N + 1]
+    read_block_ptr,
+    read_offset_ptr,
+    write_block_ptr,
+    is_spec_ptr,
+    num_tiles,  # channel tiles per row
+    num_tokens,  # T_total
+    layer_offset,  # layer * layer_stride
+    block_stride,
+    num_blocks,
+    width,  # W
+    dim,  # D
+    x_stride,
+    w_stride,
+    y_ptr,  # [T_total, D]
+    pool_ptr,
+    errors_ptr,
+    K: tl.constexpr,
+    W_PAD: tl.constexpr,
+    TILE_D: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    LAYOUT_DS: tl.constexpr,
+    SILU: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // num_tiles
+    tile = pid % num_tiles
+    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
+    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
+    rb = tl.load(read_block_ptr + row).to(tl.int64)
+    off = tl.load(read_offset_ptr + row).to(tl.int64)
+    wb = tl.load(write_block_ptr + row).to(tl.int64)
+    spec = tl.load(is_spec_ptr + row) != 0
+    n = t1 - t0
+    fault = tl.where((t0 < 0) | (n < 0) | (t1 > num_tokens), BAD_CU_SEQLENS, 0)
+    fault |= tl.where((rb < -1) | (rb >= num_blocks) | (wb < -1) | (wb >= num_blocks),
+                      BAD_BLOCK, 0)
+    fault |= tl.where((rb >= 0) & ((off < 0) | (off > width - K + 1)), BAD_OFFSET, 0)
+    fault |= tl.where(spec & (n > width - K + 2), BAD_QUERY_LEN, 0)
+    if tile == 0:
+        flag_row(errors_ptr, row, fault)
+    d = tile * TILE_D + tl.arange(0, TILE_D).to(tl.int64)
+    dmask = (d < dim)[None, :]
+    rbase = layer_offset + rb * block_stride
+    has_hist = rb >= 0
+    if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's y is 0
+        for start in range(0, n, BLOCK_T):
+            t = start + tl.arange(0, BLOCK_T).to(tl.int64)
+            tl.store(y_ptr + (t0 + t)[:, None] * dim + d[None, :],
+                     tl.zeros((BLOCK_T, TILE_D), y_ptr.dtype.element_ty),
+                     mask=(t < n)[:, None] & dmask)
+    if fault == 0:
+        cb = tl.load(bias_ptr + d, mask=d < dim, other=0).to(tl.float32)
+        tt = tl.arange(0, BLOCK_T).to(tl.int64)
+        for start in range(0, n, BLOCK_T):
+            t = start + tt
+            tmask = (t < n)[:, None] & dmask
+            acc = tl.zeros((BLOCK_T, TILE_D), tl.float32)
+            for k in tl.static_range(K):  # y[t] = sum_k w[:, k] * full[t + k], k in order
+                wk = tl.load(weight_ptr + d * w_stride + k, mask=d < dim, other=0).to(tl.float32)
+                acc += wk[None, :] * _full_at(pool_ptr, x_ptr, rbase, off, t0, t + k, d, width,
+                                              dim, x_stride, has_hist, tmask, K, LAYOUT_DS)
+            acc += cb[None, :]
+            if SILU:
+                acc = acc * tl.sigmoid(acc)
+            tl.store(y_ptr + (t0 + t)[:, None] * dim + d[None, :],
+                     acc.to(y_ptr.dtype.element_ty), mask=tmask)
+        # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c
+        c = tl.where(spec, n, 1)
+        i = tl.arange(0, W_PAD).to(tl.int64)
+        keep = (i < K - 2 + c)[:, None] & dmask & (n > 0) & (wb >= 0)
+        new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, width, dim, x_stride,
+                       has_hist, keep, K, LAYOUT_DS)
+        tl.debug_barrier()  # every load of the window before any store: wb may be rb
+        wbase = layer_offset + wb * block_stride
+        if LAYOUT_DS:
+            w_offs = wbase + d[None, :] * width + i[:, None]
+        else:
+            w_offs = wbase + i[:, None] * dim + d[None, :]
+        tl.store(pool_ptr + w_offs, new.to(pool_ptr.dtype.element_ty), mask=keep)
+
+
+def conv_tile(dim: int) -> int:
+    """Channels per program: up to 256 (a [16, 256] fp32 tile per tap)."""
+    return min(256, next_pow2(max(dim, 16)))
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight: ArraySpec,
+                       bias: ArraySpec, cu_seqlens: ArraySpec, read_block: ArraySpec,
+                       read_offset: ArraySpec, write_block: ArraySpec, is_spec: ArraySpec, *,
+                       layer: int, layout: str, activation: str) -> LaunchPlan:
+    check_layout(layout)
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if pool.ndim != 4:
+        raise ValueError(f"pool must be [L, NB, W, D] (SD) or [L, NB, D, W] (DS), got "
+                         f"{list(pool.shape)}")
+    check_pool("pool", pool, pool.shape[2:])
+    if pool.dtype not in FLOATS:
+        raise TypeError(f"pool must have dtype {'/'.join(FLOATS)}, got {pool.dtype}")
+    scal = pool_scalars(pool, layout)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < scal["num_layers"]:
+        raise ValueError(f"layer must be an int in [0, {scal['num_layers']}), got {layer!r}")
+    width, dim = scal["width"], scal["dim"]
+    check_errors(errors)
+    check_array("x", x, (None, dim), FLOATS)
+    check_array("weight", weight, (dim, None), FLOATS)
+    ksize = weight.shape[1]
+    if not 2 <= ksize <= width + 1:
+        raise ValueError(f"the conv kernel size (weight's last dimension, {ksize}) must be in "
+                         f"[2, W + 1] for a window of W = {width} rows")
+    check_array("bias", bias, (dim,), FLOATS)
+    check_array("cu_seqlens", cu_seqlens, (None,))
+    rows = cu_seqlens.shape[0] - 1
+    if rows < 0:
+        raise ValueError("cu_seqlens must have N + 1 entries (N >= 0 rows), got none")
+    for name, a in (("read_block", read_block), ("read_offset", read_offset),
+                    ("write_block", write_block)):
+        check_array(name, a, (rows,))
+    check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
+    tile = conv_tile(dim)
+    tiles = cdiv(dim, tile)
+    return LaunchPlan(
+        kernel=conv1d_update_kernel,
+        grid=(max(1, rows * tiles),),
+        inputs=("pool", "errors", "x", "weight", "bias", "cu_seqlens", "read_block",
+                "read_offset", "write_block", "is_spec"),
+        scalars=(("num_tiles", tiles), ("num_tokens", x.shape[0]),
+                 ("layer_offset", layer * scal["layer_stride"]),
+                 ("block_stride", scal["block_stride"]), ("num_blocks", scal["num_blocks"]),
+                 ("width", width), ("dim", dim), ("x_stride", x.strides[0]),
+                 ("w_stride", weight.strides[0])),
+        outputs=("y", "pool", "errors"),
+        out_specs={"y": Output(x.shape, x.dtype)},
+        constexprs={"K": ksize, "W_PAD": next_pow2(width),
+                    "TILE_D": tile, "BLOCK_T": BLOCK_T, "LAYOUT_DS": layout == "DS",
+                    "SILU": activation == "silu"},
+        aliases={"pool": "pool", "errors": "errors"},
+        skip=rows == 0 or x.shape[0] == 0 or dim == 0,
+    )
+
+
+CONV1D_UPDATE = Op(
+    name="conv1d_update",
+    arrays=("pool", "errors", "x", "weight", "bias", "cu_seqlens", "read_block", "read_offset",
+            "write_block", "is_spec"),
+    statics=(Static("layer", int), Static("layout", str), Static("activation", str, "silu")),
+    plan=plan_conv1d_update,
+    mutates=("pool", "errors"),
+    returns=("y",),
+    doc="""The causal conv1d update of docs/semantics.md §4 over variable-length rows, for
+    layer ``layer`` of a conv pool ``[L, NB, W, D]`` (``layout="SD"``) or ``[L, NB, D, W]``
+    (``"DS"``; fp32/fp16/bf16, updated in place). ``x``: ``[T_total, D]``; ``weight``:
+    ``[D, K]``; ``bias``: ``[D]`` (zeros for none); ``cu_seqlens``: int ``[N + 1]``; per row
+    (int ``[N]``): ``read_block`` (-1: zero history) and ``read_offset`` (the resolve step's
+    ``conv_read`` and ``conv_read_bias``), ``write_block`` (``conv_write``; -1: no write),
+    ``is_spec`` (nonzero: every token is a candidate). ``activation``: ``"silu"`` or
+    ``"none"``. Returns ``y`` ``[T_total, D]`` in ``x``'s dtype; arithmetic in fp32.
+
+    A row with a block outside ``[-1, NB)``, a read offset outside ``[0, W - K + 1]``, a
+    spec row of more than ``W - K + 2`` tokens, or ``cu_seqlens`` entries outside
+    ``[0, T_total]`` or decreasing, is skipped: ``y = 0`` on its tokens (none written where
+    ``cu_seqlens`` is bad), no window stored, its fault ORed into ``errors`` (int32 ``[2]``,
+    ``[bits, lowest faulty row]``, in place). Tokens outside every row are not written.""",
+)

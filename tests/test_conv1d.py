@@ -1,0 +1,138 @@
+"""The causal conv1d update (kernels/conv1d.py) in three ways: the float64 reference, torch
+and JAX (docs/semantics.md §4). Windows are copies of inputs: bit-exact against the
+reference; outputs are fp32 sums: relative 1e-5 (fp32) or 2e-2 (bf16 inputs). torch and
+JAX run the same kernel: bit-identical."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from support import make_backend
+
+from mamba_align.core import Fault
+
+L, NB, K, S = 2, 9, 4, 2
+W = K - 1 + S
+SENTINEL = -7.25
+# rows: fresh prefill of 20 tokens (past one token tile); decode reading and writing the
+# same block at offset 1 (the pre-copy case); a spec row of 1 + S; a spec row of 1; an
+# empty row (padding); a non-spec row reading another block at offset S (copy-free)
+CU = np.array([0, 20, 21, 24, 25, 25, 27])
+RB = np.array([-1, 2, 3, 4, -1, 5])
+OFF = np.array([0, 1, 0, S, 0, S])
+WB = np.array([1, 2, 6, 7, 3, -1])
+SPEC = np.array([0, 0, 1, 1, 0, 0])
+
+
+def inputs(rng, D, dtype, layout, pool_dtype=None):
+    shape = (L, NB, W, D) if layout == "SD" else (L, NB, D, W)
+    pool = rng.normal(size=shape).astype(pool_dtype or dtype)
+    T = int(CU[-1])
+    x, w, cb = (rng.normal(size=s).astype(dtype) for s in ((T, D), (D, K), (D,)))
+    return pool, x, w, cb
+
+
+def close(a, b, dtype):
+    tol = 2e-2 if dtype == ml_dtypes.bfloat16 else 1e-5
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("D,activation", [(40, "silu"), (16, "none")])
+def test_matches_the_reference(backend, layout, D, activation):
+    rng = np.random.default_rng(D)
+    pool, x, w, cb = inputs(rng, D, np.float32, layout)
+    y, out, err = backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=1,
+                                        layout=layout, activation=activation)
+    ry, rout, rerr = make_backend("reference").conv1d_update(
+        pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=1, layout=layout, activation=activation)
+    close(y, ry, np.float32)
+    np.testing.assert_array_equal(out, rout)  # windows: copies; other blocks, layer 0: kept
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    assert (out[0] == pool[0]).all() and (out[1, [0, 3, 4, 5, 8]] == pool[1, [0, 3, 4, 5, 8]]).all()
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+def test_bf16(backend, layout):
+    rng = np.random.default_rng(1)
+    bf = ml_dtypes.bfloat16
+    pool, x, w, cb = inputs(rng, 24, bf, layout)
+    y, out, _ = backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=0,
+                                      layout=layout)
+    ry, rout, _ = make_backend("reference").conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC,
+                                                          layer=0, layout=layout)
+    assert y.dtype == bf
+    close(y, ry, bf)
+    np.testing.assert_array_equal(out.view(np.int16), rout.view(np.int16))
+
+
+def test_torch_and_jax_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    pool, x, w, cb = inputs(rng, 40, np.float32, "SD")
+    got = [make_backend(b).conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=1,
+                                         layout="SD") for b in ("torch", "jax")]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
+    # batch invariance: row 3 alone equals row 3 among the others
+    rng = np.random.default_rng(3)
+    pool, x, w, cb = inputs(rng, 40, np.float32, "SD")
+    y, out, _ = device_backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=1,
+                                             layout="SD")
+    t0, t1 = CU[3], CU[4]
+    y1, out1, _ = device_backend.conv1d_update(pool, x[t0:t1], w, cb, [0, t1 - t0], RB[3:4],
+                                               OFF[3:4], WB[3:4], SPEC[3:4], layer=1,
+                                               layout="SD")
+    np.testing.assert_array_equal(y1, y[t0:t1])
+    np.testing.assert_array_equal(out1[1, WB[3]], out[1, WB[3]])
+
+
+def test_faulty_rows_are_flagged_and_write_nothing(backend):
+    rng = np.random.default_rng(4)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
+    pool[:] = SENTINEL
+    pool[1, 1:6] = rng.normal(size=(5, W, 16))
+    cu = np.array([0, 1, 2, 6, 7, 8])
+    # a read block past NB; an offset past W - K + 1; a spec row of 4 > W - K + 2 tokens; a
+    # write block below -1; a good row
+    rb, off = np.array([NB, 1, 2, 3, 4]), np.array([0, S + 1, 0, 0, 0])
+    wb, spec = np.array([5, 5, 5, -2, 6]), np.array([0, 0, 1, 0, 0])
+    y, out, err = backend.conv1d_update(pool, x[:8], w, cb, cu, rb, off, wb, spec, layer=1,
+                                        layout="SD")
+    ry, rout, rerr = make_backend("reference").conv1d_update(pool, x[:8], w, cb, cu, rb, off,
+                                                             wb, spec, layer=1, layout="SD")
+    assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_OFFSET | Fault.BAD_QUERY_LEN
+    assert err[1] == 0 and err.tolist() == rerr.tolist()
+    assert (y[:7] == 0).all()
+    close(y[7], ry[7], np.float32)
+    np.testing.assert_array_equal(out, rout)
+    assert (np.delete(out[1], 6, axis=0) == pool[1][np.arange(NB) != 6]).all()
+
+
+@pytest.mark.parametrize("cu", [[0, 3, 2], [0, 2, 9], [-1, 2, 3]])
+def test_bad_cu_seqlens_are_flagged(device_backend, cu):
+    rng = np.random.default_rng(5)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
+    _, out, err = device_backend.conv1d_update(pool, x[:3], w, cb, cu, [1, 2], [0, 0], [3, 4],
+                                               [0, 0], layer=0, layout="SD")
+    assert Fault(int(err[0])) & Fault.BAD_CU_SEQLENS
+    np.testing.assert_array_equal(out[0, [0, 1, 2] + list(range(5, NB))],
+                                  pool[0, [0, 1, 2] + list(range(5, NB))])
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(layer=2), "layer"), (dict(layout="XY"), "layout"), (dict(activation="relu"), "activation"),
+    (dict(weight=np.zeros((16, W + 2), np.float32)), "kernel size"),
+    (dict(x=np.zeros((3, 8), np.float32)), "x must have shape"),
+    (dict(pool=np.zeros((L, NB, W, 16), np.int32)), "pool must have dtype"),
+])
+def test_bad_arguments_raise(device_backend, change, error):
+    rng = np.random.default_rng(6)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
+    kw = dict(pool=pool, x=x[:3], weight=w, bias=cb, layer=0, layout="SD", activation="silu")
+    kw.update(change)
+    with pytest.raises((ValueError, TypeError), match=error):
+        device_backend.conv1d_update(kw["pool"], kw["x"], kw["weight"], kw["bias"], [0, 3],
+                                     [1], [0], [2], [0], layer=kw["layer"], layout=kw["layout"],
+                                     activation=kw["activation"])
