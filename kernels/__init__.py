@@ -22,6 +22,8 @@ from .copy import (COPY_CONV, COPY_TEMPORAL, plan_copy_conv, plan_copy_temporal,
                    pool_align, pool_copies)
 from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
 from .conv1d import CONV1D_UPDATE, plan_conv1d_update  # noqa: E402
+from .gdn import (GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES,  # noqa: E402
+                  plan_gated_delta_rule, plan_gated_delta_rule_fused_gates)
 
 def interpreted(kernel) -> bool:
     """Whether ``kernel`` runs in Triton's CPU interpreter (else compiled, CUDA only). A
@@ -31,13 +33,15 @@ def interpreted(kernel) -> bool:
 
 
 #: Every operation both backends expose (one generic launcher each).
-OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, CONV1D_UPDATE)
+OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, CONV1D_UPDATE,
+       GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES)
 
 __all__ = [
     "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
     "check_array", "check_pool", "check_step_scalars", "pool_scalars", "table_scalars",
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
-    "CONV1D_UPDATE", "plan_conv1d_update",
+    "CONV1D_UPDATE", "plan_conv1d_update", "GATED_DELTA_RULE", "GATED_DELTA_RULE_FUSED_GATES",
+    "plan_gated_delta_rule", "plan_gated_delta_rule_fused_gates",
     "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",
     "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies", "interpreted",
 ]

@@ -199,6 +199,8 @@ class Op:
         for s in self.statics:
             if s.name in given:
                 v = out[s.name] = given[s.name]
+                if s.type is float and isinstance(v, int) and not isinstance(v, bool):
+                    v = out[s.name] = float(v)  # an int where a float is expected: exact
                 if not isinstance(v, s.type) or (s.type is int and isinstance(v, bool)):
                     raise TypeError(f"{self.name}() option {s.name} must be {s.type.__name__}, "
                                     f"got {v!r}")

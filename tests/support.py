@@ -30,6 +30,7 @@ from mamba_align.core import (
     resolve_blocks,
 )
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
+from mamba_align.core.gdn_ref import gated_delta_rule_ref
 from mamba_align.core.faults import NO_ROW
 
 BACKENDS = ("reference", "torch", "jax")
@@ -137,6 +138,9 @@ class Backend:
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"): ...
 
+    # gates: {"g", "beta"} or {"a", "b", "A_log", "dt_bias"}; opts: scale, use_qk_l2norm, layout
+    def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts): ...
+
 
 class Reference(Backend):
     name = "reference"
@@ -182,6 +186,14 @@ class Reference(Backend):
                                                         off, wb, spec, activation=activation,
                                                         layout=layout)
         return y, out, flag_of(fault)
+
+    def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts):
+        out = pool.copy()
+        if "scale" in opts and not opts["scale"]:
+            opts = dict(opts, scale=None)
+        o, out[layer], fault = gated_delta_rule_ref(q, k, v, pool[layer], cu, rb, wbs, spec,
+                                                    **gates, **opts)
+        return o, out, flag_of(fault)
 
 
 class Torch(Backend):
@@ -268,6 +280,15 @@ class Torch(Backend):
                                     activation=activation)["y"]
         return self.host(y), self.host(t), self.host(errors).astype(np.int64)
 
+    def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts):
+        t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
+        fn = self.ops.gated_delta_rule_fused_gates_ if "a" in gates else self.ops.gated_delta_rule_
+        g = [self.pool(gates[n]) for n in (("a", "b", "A_log", "dt_bias") if "a" in gates
+                                           else ("g", "beta"))]
+        o = fn(t, errors, self.pool(q), self.pool(k), self.pool(v), *g, self.ids(cu),
+               self.ids(rb), self.ids(wbs), self.flags(spec), layer=layer, **opts)["o"]
+        return self.host(o), self.host(t), self.host(errors).astype(np.int64)
+
     def copy_pools(self, pools, kinds, plan):
         t = {n: self.pool(p) for n, p in pools.items()}
         self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()})
@@ -346,6 +367,16 @@ class Jax(Backend):
                                      self.flags(spec), layer=layer, layout=layout,
                                      activation=activation)
         return (np.asarray(out["y"]), np.asarray(out["pool"]),
+                np.asarray(out["errors"]).astype(np.int64))
+
+    def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts):
+        A = self.jnp.asarray  # noqa: N806
+        fn = self.ops.gated_delta_rule_fused_gates if "a" in gates else self.ops.gated_delta_rule
+        g = [A(gates[n]) for n in (("a", "b", "A_log", "dt_bias") if "a" in gates
+                                   else ("g", "beta"))]
+        out = fn(A(pool), A(new_errors()), A(q), A(k), A(v), *g, self.ids(cu), self.ids(rb),
+                 self.ids(wbs), self.flags(spec), layer=layer, **opts)
+        return (np.asarray(out["o"]), np.asarray(out["pool"]),
                 np.asarray(out["errors"]).astype(np.int64))
 
     def copy_pools(self, pools, kinds, plan):

@@ -91,6 +91,8 @@ postprocess = public(K.POSTPROCESS)
 copy_temporal = public(K.COPY_TEMPORAL)
 copy_conv = public(K.COPY_CONV)
 conv1d_update = public(K.CONV1D_UPDATE)
+gated_delta_rule = public(K.GATED_DELTA_RULE)
+gated_delta_rule_fused_gates = public(K.GATED_DELTA_RULE_FUSED_GATES)
 
 
 def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],

@@ -149,6 +149,8 @@ postprocess_ = public(K.POSTPROCESS)
 copy_temporal_ = public(K.COPY_TEMPORAL)
 copy_conv_ = public(K.COPY_CONV)
 conv1d_update_ = public(K.CONV1D_UPDATE)
+gated_delta_rule_ = public(K.GATED_DELTA_RULE)
+gated_delta_rule_fused_gates_ = public(K.GATED_DELTA_RULE_FUSED_GATES)
 
 
 def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],

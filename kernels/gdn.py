@@ -1,0 +1,280 @@
+"""Fused recurrent gated delta rule with separate read and write blocks (docs/semantics.md
+§4, "Gated delta rule"); the reference is :func:`mamba_align.core.gdn_ref.gated_delta_rule_ref`.
+
+One program per (row, value head, tile of ``BV`` value rows), all on grid axis 0. The
+program loads its ``[BV, K]`` slice of the row's initial state (zero without a read
+block) completely, then runs the row's tokens in order in fp32, storing ``o`` per token
+and the state to the row's write blocks: after every token on spec rows, once at the end
+otherwise. Tiles never depend on the batch, so a row's bits do not either.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+import triton.language as tl
+
+from .bookkeeping import check_errors
+from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
+                   check_pool, next_pow2, pool_scalars)
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row
+
+INPUTS = ("float32", "float16", "bfloat16")
+STATES = ("float32", "bfloat16")
+LAYOUTS = ("VK", "KV")
+BV = 32  # value rows per program (fixed: batch invariance)
+
+
+@triton.jit
+def gdn_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,
+    q_ptr,  # [T, H, K]
+    k_ptr,  # [T, H, K]
+    v_ptr,  # [T, HV, V]
+    gate_a_ptr,  # [T, HV]: g, or a (FUSED_GATES)
+    gate_b_ptr,  # [T, HV]: beta, or b
+    A_log_ptr,  # [HV] (FUSED_GATES only)
+    dt_bias_ptr,  # [HV] (FUSED_GATES only)
+    cu_seqlens_ptr,
+    read_block_ptr,
+    write_blocks_ptr,  # [N, WIN]
+    is_spec_ptr,
+    num_heads,  # HV
+    num_tiles,  # value tiles per head
+    group,  # HV // H
+    num_tokens,
+    qk_stride_t,
+    qk_stride_h,
+    v_stride_t,
+    v_stride_h,
+    gate_stride,
+    wb_stride,
+    layer_offset,
+    block_stride,
+    head_stride,
+    num_blocks,
+    scale,
+    o_ptr,  # [T, HV, V]
+    pool_ptr,
+    errors_ptr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    WIN: tl.constexpr,
+    WIN_PAD: tl.constexpr,
+    LAYOUT_KV: tl.constexpr,
+    FUSED_GATES: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // (num_heads * num_tiles)
+    i_hv = (pid // num_tiles) % num_heads
+    i_v = pid % num_tiles
+    i_h = i_hv // group
+    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
+    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
+    n = t1 - t0
+    rb = tl.load(read_block_ptr + row).to(tl.int64)
+    spec = tl.load(is_spec_ptr + row) != 0
+    jw = tl.arange(0, WIN_PAD)
+    used = (jw < WIN) & (jw < tl.where(spec, n, 1))
+    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=used, other=-1).to(tl.int64)
+    fault = tl.where((t0 < 0) | (n < 0) | (t1 > num_tokens), BAD_CU_SEQLENS, 0)
+    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
+    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
+    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
+    if (i_hv == 0) & (i_v == 0):
+        flag_row(errors_ptr, row, fault)
+
+    kk = tl.arange(0, BK).to(tl.int64)
+    vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
+    kmask, vmask = kk < K, vv < V
+    hmask = vmask[:, None] & kmask[None, :]
+    if LAYOUT_KV:  # state [K, V]: element (v, k) at k * V + v
+        h_offs = kk[None, :] * V + vv[:, None]
+    else:  # [V, K]
+        h_offs = vv[:, None] * K + kk[None, :]
+    out_o = o_ptr + i_hv * V + vv
+    if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's o is 0
+        for t in range(t0, t1):
+            tl.store(out_o + t * num_heads * V, tl.zeros((BV,), o_ptr.dtype.element_ty),
+                     mask=vmask)
+    if fault == 0:
+        head = layer_offset + i_hv * head_stride
+        h = tl.load(pool_ptr + head + rb * block_stride + h_offs, mask=hmask & (rb >= 0),
+                    other=0).to(tl.float32)
+        tl.debug_barrier()  # the whole initial state is loaded before any store
+        if FUSED_GATES:
+            A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+            dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+        for j in range(0, n):
+            t = t0 + j
+            q = tl.load(q_ptr + t * qk_stride_t + i_h * qk_stride_h + kk, mask=kmask,
+                        other=0).to(tl.float32)
+            k = tl.load(k_ptr + t * qk_stride_t + i_h * qk_stride_h + kk, mask=kmask,
+                        other=0).to(tl.float32)
+            v = tl.load(v_ptr + t * v_stride_t + i_hv * v_stride_h + vv, mask=vmask,
+                        other=0).to(tl.float32)
+            ga = tl.load(gate_a_ptr + t * gate_stride + i_hv).to(tl.float32)
+            gb = tl.load(gate_b_ptr + t * gate_stride + i_hv).to(tl.float32)
+            if FUSED_GATES:
+                x = ga + dt_bias
+                g = -A * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+                beta = tl.sigmoid(gb)
+            else:
+                g = ga
+                beta = gb
+            if L2NORM:
+                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
+                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+            q = q * scale
+            h = h * tl.exp(g)
+            u = beta * (v - tl.sum(h * k[None, :], axis=1))
+            h = h + u[:, None] * k[None, :]
+            o = tl.sum(h * q[None, :], axis=1)
+            tl.store(out_o + t * num_heads * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
+            if spec:  # candidate j: the state after j + 1 tokens
+                wj = tl.sum(tl.where(jw == j, wb, 0), axis=0)
+                tl.store(pool_ptr + head + wj * block_stride + h_offs,
+                         h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0))
+        w0 = tl.sum(tl.where(jw == 0, wb, 0), axis=0)
+        if (~spec) & (n > 0):
+            tl.store(pool_ptr + head + w0 * block_stride + h_offs,
+                     h.to(pool_ptr.dtype.element_ty), mask=hmask & (w0 >= 0))
+
+
+def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
+              write_blocks, is_spec, *, layer, scale, use_qk_l2norm, layout, fused):
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    check_array("q", q, (None, None, None), INPUTS)
+    T, H, K = q.shape
+    check_array("k", k, (T, H, K), INPUTS)
+    check_array("v", v, (T, None, None), INPUTS)
+    HV, V = v.shape[1], v.shape[2]
+    if H == 0 or HV % H:
+        raise ValueError(f"value heads HV={HV} must be a positive multiple of qk heads H={H}")
+    state = (HV, K, V) if layout == "KV" else (HV, V, K)
+    check_pool("pool", pool, state)
+    if pool.dtype not in STATES:
+        raise TypeError(f"pool must have dtype {'/'.join(STATES)}, got {pool.dtype}")
+    scal = pool_scalars(pool)
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < scal["num_layers"]:
+        raise ValueError(f"layer must be an int in [0, {scal['num_layers']}), got {layer!r}")
+    check_errors(errors)
+    names = ("a", "b") if fused else ("g", "beta")
+    check_array(names[0], gate_a, (T, HV), INPUTS)
+    check_array(names[1], gate_b, (T, HV), INPUTS)
+    if gate_a.strides[0] != gate_b.strides[0]:
+        raise ValueError(f"{names[0]} and {names[1]} must have the same row stride")
+    if fused:
+        check_array("A_log", A_log, (HV,), INPUTS)
+        check_array("dt_bias", dt_bias, (HV,), INPUTS)
+    check_array("cu_seqlens", cu_seqlens, (None,))
+    rows = cu_seqlens.shape[0] - 1
+    if rows < 0:
+        raise ValueError("cu_seqlens must have N + 1 entries (N >= 0 rows), got none")
+    check_array("read_block", read_block, (rows,))
+    check_array("write_blocks", write_blocks, (rows, None))
+    check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
+    win = write_blocks.shape[1]
+    if win < 1:
+        raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
+        raise ValueError(f"scale must be a float >= 0 (0: K^-1/2), got {scale!r}")
+    bv = min(BV, next_pow2(V))
+    tiles = cdiv(V, bv)
+    gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta", "g", "g")
+    return LaunchPlan(
+        kernel=gdn_kernel,
+        grid=(max(1, rows * HV * tiles),),
+        inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
+                                                            "write_blocks", "is_spec"),
+        scalars=(("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
+                 ("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
+                 ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
+                 ("gate_stride", gate_a.strides[0]), ("wb_stride", write_blocks.strides[0]),
+                 ("layer_offset", layer * scal["layer_stride"]),
+                 ("block_stride", scal["block_stride"]), ("head_stride", pool.strides[2]),
+                 ("num_blocks", scal["num_blocks"]),
+                 ("scale", float(scale) if scale > 0 else K ** -0.5)),
+        outputs=("o", "pool", "errors"),
+        out_specs={"o": Output((T, HV, V), q.dtype)},
+        constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
+                    "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
+                    "FUSED_GATES": fused, "L2NORM": bool(use_qk_l2norm)},
+        aliases={"pool": "pool", "errors": "errors"},
+        skip=rows == 0 or T == 0,
+    )
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def plan_gated_delta_rule(pool: ArraySpec, errors: ArraySpec, q: ArraySpec, k: ArraySpec,
+                          v: ArraySpec, g: ArraySpec, beta: ArraySpec, cu_seqlens: ArraySpec,
+                          read_block: ArraySpec, write_blocks: ArraySpec, is_spec: ArraySpec, *,
+                          layer: int, scale: float, use_qk_l2norm: bool,
+                          layout: str) -> LaunchPlan:
+    return _plan_gdn(pool, errors, q, k, v, g, beta, None, None, cu_seqlens, read_block,
+                     write_blocks, is_spec, layer=layer, scale=scale,
+                     use_qk_l2norm=use_qk_l2norm, layout=layout, fused=False)
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def plan_gated_delta_rule_fused_gates(pool: ArraySpec, errors: ArraySpec, q: ArraySpec,
+                                      k: ArraySpec, v: ArraySpec, a: ArraySpec, b: ArraySpec,
+                                      A_log: ArraySpec, dt_bias: ArraySpec,
+                                      cu_seqlens: ArraySpec, read_block: ArraySpec,
+                                      write_blocks: ArraySpec, is_spec: ArraySpec, *,
+                                      layer: int, scale: float, use_qk_l2norm: bool,
+                                      layout: str) -> LaunchPlan:
+    return _plan_gdn(pool, errors, q, k, v, a, b, A_log, dt_bias, cu_seqlens, read_block,
+                     write_blocks, is_spec, layer=layer, scale=scale,
+                     use_qk_l2norm=use_qk_l2norm, layout=layout, fused=True)
+
+
+_STATICS = (Static("layer", int), Static("scale", float, 0.0),
+            Static("use_qk_l2norm", bool, False), Static("layout", str, "VK"))
+
+_DOC = """The gated delta rule of docs/semantics.md §4 over variable-length rows, for layer
+    ``layer`` of a state pool ``[L, NB, HV, V, K]`` (``layout="VK"``, K-last) or ``[L, NB,
+    HV, K, V]`` (``"KV"``), fp32 or bf16, updated in place. ``q``, ``k``: ``[T_total, H,
+    K]``; ``v``: ``[T_total, HV, V]`` (fp32/fp16/bf16, ``HV % H == 0``); {gates};
+    ``cu_seqlens``: int ``[N + 1]``; ``read_block`` int ``[N]`` (the resolve step's
+    ``temporal_read``; -1: zero state); ``write_blocks`` int ``[N, 1 + S]``
+    (``temporal_write``; -1: no write); ``is_spec`` ``[N]`` (nonzero: the state after token
+    ``j + 1`` goes to write block ``j``; otherwise the final state to write block 0).
+    ``scale``: 0 for ``K^-1/2``; ``use_qk_l2norm``: normalise q and k first. Returns ``o``
+    ``[T_total, HV, V]`` in ``q``'s dtype; state arithmetic in fp32.
+
+    A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
+    tokens, or ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is skipped:
+    ``o = 0`` on its tokens (none written where ``cu_seqlens`` is bad), no state stored,
+    its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every row are
+    not written."""
+
+GATED_DELTA_RULE = Op(
+    name="gated_delta_rule",
+    arrays=("pool", "errors", "q", "k", "v", "g", "beta", "cu_seqlens", "read_block",
+            "write_blocks", "is_spec"),
+    statics=_STATICS,
+    plan=plan_gated_delta_rule,
+    mutates=("pool", "errors"),
+    returns=("o",),
+    doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``"),
+)
+
+GATED_DELTA_RULE_FUSED_GATES = Op(
+    name="gated_delta_rule_fused_gates",
+    arrays=("pool", "errors", "q", "k", "v", "a", "b", "A_log", "dt_bias", "cu_seqlens",
+            "read_block", "write_blocks", "is_spec"),
+    statics=_STATICS,
+    plan=plan_gated_delta_rule_fused_gates,
+    mutates=("pool", "errors"),
+    returns=("o",),
+    doc=_DOC.format(gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
+                          "``[T_total, HV]`` and ``A_log``, ``dt_bias`` ``[HV]``: ``g = "
+                          "-exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``"),
+)

@@ -1,0 +1,132 @@
+"""The fused recurrent gated delta rule (kernels/gdn.py) in three ways: the float64
+reference, torch and JAX (docs/semantics.md §4). fp32: relative 1e-5 on outputs and
+states (absolute 1e-5 near zero); bf16 inputs or a bf16 state pool: 3e-2. torch and JAX run
+the same kernel: bit-identical."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from support import make_backend
+
+from mamba_align.core import Fault
+
+L, NB, S = 2, 12, 2
+SENTINEL = -7.25
+# rows: a fresh prefill of 5 tokens; decode reading and writing the same block; a spec
+# row of 1 + S candidates reading one of its write blocks; a spec row of 1 with its other
+# write blocks -1; an empty row; a non-spec row with no write block
+CU = np.array([0, 5, 6, 9, 10, 10, 12])
+RB = np.array([-1, 2, 4, 7, 3, 9])
+WBS = np.array([[1, -1, -1], [2, -1, -1], [5, 4, 6], [8, -1, -1], [3, -1, -1], [-1, -1, -1]])
+SPEC = np.array([0, 0, 1, 1, 0, 0])
+
+
+def inputs(rng, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, layout="VK",
+           fused=False):
+    T = int(CU[-1])
+    q, k = (rng.normal(size=(T, H, K)).astype(dtype) for _ in range(2))
+    v = rng.normal(size=(T, HV, V)).astype(dtype)
+    state = (HV, K, V) if layout == "KV" else (HV, V, K)
+    pool = (0.5 * rng.normal(size=(L, NB) + state)).astype(pool_dtype)
+    if fused:
+        gates = {"a": rng.normal(size=(T, HV)), "b": rng.normal(size=(T, HV)),
+                 "A_log": rng.normal(size=HV), "dt_bias": rng.normal(size=HV)}
+    else:
+        gates = {"g": -rng.uniform(0.01, 1, (T, HV)), "beta": rng.uniform(0, 1, (T, HV))}
+    return pool, q, k, v, {n: x.astype(dtype) for n, x in gates.items()}
+
+
+def close(a, b, tol):
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+
+
+CASES = [  # H, HV, K, V, layout, fused, l2norm, scale
+    (1, 1, 16, 16, "VK", False, False, 0.0),
+    (2, 4, 12, 20, "VK", True, True, 0.0),  # GVA, odd sizes (masking), in-kernel gates
+    (1, 2, 8, 40, "KV", False, True, 0.5),  # [K, V] states, two value tiles
+]
+
+
+@pytest.mark.parametrize("H,HV,K,V,layout,fused,l2norm,scale", CASES)
+def test_matches_the_reference(backend, H, HV, K, V, layout, fused, l2norm, scale):
+    rng = np.random.default_rng(K + V)
+    pool, q, k, v, gates = inputs(rng, H, HV, K, V, layout=layout, fused=fused)
+    opts = dict(layer=1, scale=scale, use_qk_l2norm=l2norm, layout=layout)
+    o, out, err = backend.gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, **opts)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, **opts)
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    kept = [0, 7, 9, 10, 11]  # read only, or untouched
+    assert (out[0] == pool[0]).all() and (out[1, kept] == pool[1, kept]).all()
+
+
+def test_bf16_inputs_and_state(backend):
+    rng = np.random.default_rng(1)
+    bf = ml_dtypes.bfloat16
+    pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16, dtype=bf, pool_dtype=bf, fused=True)
+    opts = dict(layer=0, use_qk_l2norm=True)
+    o, out, _ = backend.gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, **opts)
+    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, **opts)
+    assert o.dtype == bf and out.dtype == bf
+    close(o, ro, 3e-2)
+    close(out, rout, 3e-2)
+
+
+def test_torch_and_jax_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    pool, q, k, v, gates = inputs(rng, 2, 4, 12, 20, fused=True)
+    got = [make_backend(b).gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, layer=1,
+                               use_qk_l2norm=True) for b in ("torch", "jax")]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
+    rng = np.random.default_rng(3)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
+    o, out, _ = device_backend.gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, layer=1)
+    t0, t1 = CU[2], CU[3]
+    o1, out1, _ = device_backend.gdn(pool, q[t0:t1], k[t0:t1], v[t0:t1],
+                                     {n: x[t0:t1] for n, x in gates.items()}, [0, t1 - t0],
+                                     RB[2:3], WBS[2:3], SPEC[2:3], layer=1)
+    np.testing.assert_array_equal(o1, o[t0:t1])
+    np.testing.assert_array_equal(out1[1, [4, 5, 6]], out[1, [4, 5, 6]])
+
+
+def test_faulty_rows_are_flagged_and_write_nothing(backend):
+    rng = np.random.default_rng(4)
+    pool, q, k, v, gates = inputs(rng, 1, 1, 8, 8)
+    pool[:] = SENTINEL
+    pool[1, 1:4] = rng.normal(size=(3, 1, 8, 8))
+    cu = np.array([0, 1, 2, 6, 7])
+    # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good row
+    rb = np.array([NB, 1, 2, 3])
+    wbs = np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]])
+    spec = np.array([0, 0, 1, 0])
+    sl = {n: x[:7] for n, x in gates.items()}
+    o, out, err = backend.gdn(pool, q[:7], k[:7], v[:7], sl, cu, rb, wbs, spec, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q[:7], k[:7], v[:7], sl, cu, rb, wbs,
+                                                   spec, layer=1)
+    assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
+    assert err.tolist() == rerr.tolist() and err[1] == 0
+    assert (o[:6] == 0).all()
+    close(o[6], ro[6], 1e-5)
+    assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
+    close(out[1, 8], rout[1, 8], 1e-5)
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(layer=2), "layer"), (dict(layout="XY"), "layout"),
+    (dict(v=np.zeros((12, 3, 8), np.float32)), "multiple"),
+    (dict(pool=np.zeros((L, NB, 4, 8, 8), np.float16)), "pool must have dtype"),
+    (dict(pool=np.zeros((L, NB, 4, 8, 4), np.float32)), "pool must have shape"),
+])
+def test_bad_arguments_raise(device_backend, change, error):
+    rng = np.random.default_rng(6)
+    pool, q, k, v, gates = inputs(rng, 2, 4, 8, 8)
+    kw = dict(pool=pool, v=v, layer=0, layout="VK")
+    kw.update(change)
+    with pytest.raises((ValueError, TypeError), match=error):
+        device_backend.gdn(kw["pool"], q, k, kw["v"], gates, CU, RB, WBS, SPEC,
+                           layer=kw["layer"], layout=kw["layout"])
