@@ -209,6 +209,7 @@ CONV1D_UPDATE = Op(
     plan=plan_conv1d_update,
     mutates=("pool", "errors"),
     returns=("y",),
+    skipped={"y": 0},
     doc="""The causal conv1d update of docs/semantics.md §4 over variable-length rows, for
     layer ``layer`` of a conv pool ``[L, NB, W, D]`` (``layout="SD"``) or ``[L, NB, D, W]``
     (``"DS"``; fp32/fp16/bf16, updated in place). ``x``: ``[T_total, D]``; ``weight``:

@@ -27,9 +27,7 @@ BV = 32  # value rows per program (fixed: batch invariance)
 
 
 @triton.jit
-def gdn_kernel(
-    pool_in_ptr,  # aliased with pool_ptr
-    errors_in_ptr,
+def _gdn(
     q_ptr,  # [T, H, K]
     k_ptr,  # [T, H, K]
     v_ptr,  # [T, HV, V]
@@ -146,6 +144,104 @@ def gdn_kernel(
                      h.to(pool_ptr.dtype.element_ty), mask=hmask & (w0 >= 0))
 
 
+@triton.jit
+def gated_delta_rule_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,
+    q_ptr,  # [T, H, K]
+    k_ptr,  # [T, H, K]
+    v_ptr,  # [T, HV, V]
+    g_ptr,  # [T, HV]
+    beta_ptr,  # [T, HV]
+    cu_seqlens_ptr,
+    read_block_ptr,
+    write_blocks_ptr,  # [N, WIN]
+    is_spec_ptr,
+    num_heads,  # HV
+    num_tiles,  # value tiles per head
+    group,  # HV // H
+    num_tokens,
+    qk_stride_t,
+    qk_stride_h,
+    v_stride_t,
+    v_stride_h,
+    gate_stride,
+    wb_stride,
+    layer_offset,
+    block_stride,
+    head_stride,
+    num_blocks,
+    scale,
+    o_ptr,  # [T, HV, V]
+    pool_ptr,
+    errors_ptr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    WIN: tl.constexpr,
+    WIN_PAD: tl.constexpr,
+    LAYOUT_KV: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
+         write_blocks_ptr,
+         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t, qk_stride_h,
+         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+         WIN_PAD, LAYOUT_KV, False, L2NORM)
+
+
+@triton.jit
+def gated_delta_rule_fused_gates_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,
+    q_ptr,  # [T, H, K]
+    k_ptr,  # [T, H, K]
+    v_ptr,  # [T, HV, V]
+    a_ptr,  # [T, HV]
+    b_ptr,  # [T, HV]
+    A_log_ptr,  # [HV]
+    dt_bias_ptr,  # [HV]
+    cu_seqlens_ptr,
+    read_block_ptr,
+    write_blocks_ptr,  # [N, WIN]
+    is_spec_ptr,
+    num_heads,  # HV
+    num_tiles,  # value tiles per head
+    group,  # HV // H
+    num_tokens,
+    qk_stride_t,
+    qk_stride_h,
+    v_stride_t,
+    v_stride_h,
+    gate_stride,
+    wb_stride,
+    layer_offset,
+    block_stride,
+    head_stride,
+    num_blocks,
+    scale,
+    o_ptr,  # [T, HV, V]
+    pool_ptr,
+    errors_ptr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    WIN: tl.constexpr,
+    WIN_PAD: tl.constexpr,
+    LAYOUT_KV: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
+         write_blocks_ptr,
+         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t, qk_stride_h,
+         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+         WIN_PAD, LAYOUT_KV, True, L2NORM)
+
+
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
               write_blocks, is_spec, *, layer, scale, use_qk_l2norm, layout, fused):
     if layout not in LAYOUTS:
@@ -187,9 +283,9 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         raise ValueError(f"scale must be a float >= 0 (0: K^-1/2), got {scale!r}")
     bv = min(BV, next_pow2(V))
     tiles = cdiv(V, bv)
-    gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta", "g", "g")
+    gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
     return LaunchPlan(
-        kernel=gdn_kernel,
+        kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),
@@ -205,7 +301,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
-                    "FUSED_GATES": fused, "L2NORM": bool(use_qk_l2norm)},
+                    "L2NORM": bool(use_qk_l2norm)},
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0 or T == 0,
     )
@@ -263,6 +359,7 @@ GATED_DELTA_RULE = Op(
     plan=plan_gated_delta_rule,
     mutates=("pool", "errors"),
     returns=("o",),
+    skipped={"o": 0},
     doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``"),
 )
 
@@ -274,6 +371,7 @@ GATED_DELTA_RULE_FUSED_GATES = Op(
     plan=plan_gated_delta_rule_fused_gates,
     mutates=("pool", "errors"),
     returns=("o",),
+    skipped={"o": 0},
     doc=_DOC.format(gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
                           "``[T_total, HV]`` and ``A_log``, ``dt_bias`` ``[HV]``: ``g = "
                           "-exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``"),

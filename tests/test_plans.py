@@ -20,12 +20,29 @@ SAMPLE_ARRAYS = {  # a valid call of every op, by parameter name
     "src": IDS, "dst": IDS, "bias": IDS,
 }
 SAMPLE_STATICS = {"block_size": 4, "num_spec": 2, "num_blocks": 5, "mode": "copy-free",
-                  "layout": "SD"}
+                  "layout": "SD", "layer": 1}
+F32 = lambda *shape: K.ArraySpec.row_major(shape, "float32")  # noqa: E731
+RECURRENT = {  # T = 6 tokens over 2 rows
+    "cu_seqlens": K.ArraySpec.row_major((3,), "int64"),
+    "read_block": K.ArraySpec.row_major((2,), "int64"),
+    "read_offset": K.ArraySpec.row_major((2,), "int64"),
+    "write_block": K.ArraySpec.row_major((2,), "int64"),
+    "write_blocks": K.ArraySpec.row_major((2, 3), "int64"),
+    "is_spec": K.ArraySpec.row_major((2,), "bool"),
+    "x": F32(6, 8), "weight": F32(8, 3), "bias": F32(8),
+    "q": F32(6, 1, 4), "k": F32(6, 1, 4), "v": F32(6, 2, 4), "g": F32(6, 2), "beta": F32(6, 2),
+    "a": F32(6, 2), "b": F32(6, 2), "A_log": F32(2), "dt_bias": F32(2),
+}
+BY_OP = {"gated_delta_rule": {"pool": F32(2, 5, 2, 4, 4), "layout": "VK"},
+         "gated_delta_rule_fused_gates": {"pool": F32(2, 5, 2, 4, 4), "layout": "VK"}}
 
 
 def sample_plan(op, **change):
-    arrays = {n: change.get(n, SAMPLE_ARRAYS[n]) for n in op.arrays}
-    statics = {s.name: change.get(s.name, SAMPLE_STATICS[s.name]) for s in op.statics}
+    given = {**SAMPLE_ARRAYS, **(RECURRENT if "cu_seqlens" in op.arrays else {}),
+             **BY_OP.get(op.name, {})}
+    arrays = {n: change.get(n, given[n]) for n in op.arrays}
+    statics = {s.name: change.get(s.name, given.get(s.name, SAMPLE_STATICS.get(s.name, s.default)))
+               for s in op.statics}
     return op.plan(**arrays, **statics)
 
 
@@ -55,9 +72,17 @@ def test_an_empty_batch_launches_nothing(op):
     empty = K.ArraySpec.row_major((0,), "int64")
     rows = {"slots", "num_computed_new", "idx_mapping", "query_len", "num_sampled", "src",
             "dst", "bias"} & set(op.arrays)
+    if "cu_seqlens" in op.arrays:
+        rows -= {"bias"}  # the conv's per-channel bias, not a per-row id
     change = {n: empty for n in rows}
     if "is_spec" in op.arrays:
         change["is_spec"] = K.ArraySpec.row_major((0,), "bool")
+    if "cu_seqlens" in op.arrays:  # no rows, no tokens
+        change.update({n: empty for n in ("read_block", "read_offset", "write_block")},
+                      cu_seqlens=K.ArraySpec.row_major((1,), "int64"),
+                      write_blocks=K.ArraySpec.row_major((0, 3), "int64"), x=F32(0, 8),
+                      q=F32(0, 1, 4), k=F32(0, 1, 4), v=F32(0, 2, 4), g=F32(0, 2),
+                      beta=F32(0, 2), a=F32(0, 2), b=F32(0, 2))
     plan = sample_plan(op, **change)
     assert plan.skip
     assert all(o.shape[0] == 0 for o in plan.out_specs.values())

@@ -26,7 +26,8 @@ def test_every_op_is_a_custom_op_with_its_mutations_and_outputs():
         args = re.findall(r"Tensor(\(\w!\))? (\w+)", schema.split(" -> ")[0])
         assert [n for _, n in args] == list(op.arrays)
         assert {n for alias, n in args if alias} == set(op.mutates)
-        assert schema.endswith(" -> (" + ", ".join(["Tensor"] * len(op.returns)) + ")")
+        outs = ", ".join(["Tensor"] * len(op.returns))
+        assert schema.endswith(f" -> {outs}" if len(op.returns) == 1 else f" -> ({outs})")
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])

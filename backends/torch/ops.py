@@ -97,21 +97,27 @@ def _schema(op: K.Op) -> str:
     return f"({params}) -> ({', '.join(['Tensor'] * len(op.returns))})"
 
 
+def _returned(outs: tuple):
+    # torch reads a schema's "-> (Tensor)" as "-> Tensor": one output is returned bare
+    return outs[0] if len(outs) == 1 else outs
+
+
 def _register(op: K.Op, name: str):
     """``torch.ops.mamba_align.<name>``: the launcher, and a fake that allocates only."""
     k = len(op.arrays)  # then the statics, positional
 
     def impl(*args):
         outs = launch(op, dict(zip(op.arrays, args)), dict(zip(op.static_names, args[k:])))
-        return tuple(outs[n] for n in op.returns) if op.returns else None
+        return _returned(tuple(outs[n] for n in op.returns)) if op.returns else None
 
     def fake(*args):
         if not op.returns:
             return None
         arrays = dict(zip(op.arrays, args[:k]))
         plan = _plan(op, arrays, dict(zip(op.static_names, args[k:])), cached=False)
-        return tuple(torch.empty(plan.out_specs[n].shape, dtype=dtype(plan.out_specs[n].dtype),
-                                 device=_device(arrays)) for n in op.returns)
+        return _returned(tuple(torch.empty(plan.out_specs[n].shape,
+                                           dtype=dtype(plan.out_specs[n].dtype),
+                                           device=_device(arrays)) for n in op.returns))
 
     custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
                                      schema=_schema(op))
@@ -138,6 +144,8 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     if torch.compiler.is_compiling():
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
                                *(statics[n] for n in op.static_names))
+        if len(op.returns) == 1:
+            res = (res,)
         return dict(zip(op.returns, res)) if op.returns else None
     outs = launch(op, arrays, statics)
     return outs if op.returns else None
