@@ -7,7 +7,9 @@ Rows are variable-length (``cu_seqlens``); each has a read block and an offset i
 token a candidate) or not (one candidate, at the end). A row the kernel cannot trust (a
 block outside ``[-1, NB)``, an offset outside ``[0, W-K+1]`` where it reads, a spec row
 longer than ``W-K+2`` tokens) is a faulty row: it gets ``y = 0``, writes nothing, and its
-fault bits come back in ``fault``.
+fault bits come back in ``fault``. ``cu_seqlens`` that decrease or leave ``[0, T_total]``
+anywhere make every row faulty (``BAD_CU_SEQLENS``, ``y`` not written). A row's read block
+must not be another row's write block (the kernels do not order rows).
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ def conv_faults(num_blocks: int, width: int, kernel_size: int, seq_len: np.ndarr
 
 
 def seqlen_faults(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
-    """``BAD_CU_SEQLENS`` per row (int64 ``[N]``) where a row's range is not inside
-    ``[0, num_tokens]`` or runs backwards."""
+    """``BAD_CU_SEQLENS`` on every row (int64 ``[N]``) if any row's range is not inside
+    ``[0, num_tokens]`` or runs backwards: rows could then overlap, so none is trusted."""
     cu = np.asarray(cu_seqlens, np.int64)
-    bad = (cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)
-    return np.where(bad, int(Fault.BAD_CU_SEQLENS), 0).astype(np.int64)
+    bad = ((cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)).any()
+    return np.full(len(cu) - 1, int(Fault.BAD_CU_SEQLENS) if bad else 0, np.int64)
 
 
 def causal_conv1d_update_ref(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray],

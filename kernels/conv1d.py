@@ -21,7 +21,8 @@ from .bookkeeping import check_errors
 from .copy import check_layout
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_pool, next_pow2, pool_scalars)
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row
+from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row,
+                   seqlens_fault)
 
 FLOATS = ("float32", "float16", "bfloat16")
 BLOCK_T = 16  # tokens per tile: fixed, never from the batch (batch invariance)
@@ -63,6 +64,7 @@ def conv1d_update_kernel(
     read_offset_ptr,
     write_block_ptr,
     is_spec_ptr,
+    num_rows,
     num_tiles,  # channel tiles per row
     num_tokens,  # T_total
     layer_offset,  # layer * layer_stride
@@ -92,7 +94,7 @@ def conv1d_update_kernel(
     wb = tl.load(write_block_ptr + row).to(tl.int64)
     spec = tl.load(is_spec_ptr + row) != 0
     n = t1 - t0
-    fault = tl.where((t0 < 0) | (n < 0) | (t1 > num_tokens), BAD_CU_SEQLENS, 0)
+    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | (wb < -1) | (wb >= num_blocks),
                       BAD_BLOCK, 0)
     fault |= tl.where((rb >= 0) & ((off < 0) | (off > width - K + 1)), BAD_OFFSET, 0)
@@ -163,6 +165,8 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < scal["num_layers"]:
         raise ValueError(f"layer must be an int in [0, {scal['num_layers']}), got {layer!r}")
     width, dim = scal["width"], scal["dim"]
+    if dim == 0:
+        raise ValueError("the conv pool must have D >= 1 channels")
     check_errors(errors)
     check_array("x", x, (None, dim), FLOATS)
     check_array("weight", weight, (dim, None), FLOATS)
@@ -186,7 +190,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         grid=(max(1, rows * tiles),),
         inputs=("pool", "errors", "x", "weight", "bias", "cu_seqlens", "read_block",
                 "read_offset", "write_block", "is_spec"),
-        scalars=(("num_tiles", tiles), ("num_tokens", x.shape[0]),
+        scalars=(("num_rows", rows), ("num_tiles", tiles), ("num_tokens", x.shape[0]),
                  ("layer_offset", layer * scal["layer_stride"]),
                  ("block_stride", scal["block_stride"]), ("num_blocks", scal["num_blocks"]),
                  ("width", width), ("dim", dim), ("x_stride", x.strides[0]),
@@ -197,7 +201,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "TILE_D": tile, "BLOCK_T": BLOCK_T, "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu"},
         aliases={"pool": "pool", "errors": "errors"},
-        skip=rows == 0 or x.shape[0] == 0 or dim == 0,
+        skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )
 
 

@@ -18,7 +18,7 @@ import triton.language as tl
 from .bookkeeping import check_errors
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_pool, next_pow2, pool_scalars)
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row, seqlens_fault
 
 INPUTS = ("float32", "float16", "bfloat16")
 STATES = ("float32", "bfloat16")
@@ -39,6 +39,7 @@ def _gdn(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
+    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -80,7 +81,7 @@ def _gdn(
     jw = tl.arange(0, WIN_PAD)
     used = (jw < WIN) & (jw < tl.where(spec, n, 1))
     wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=used, other=-1).to(tl.int64)
-    fault = tl.where((t0 < 0) | (n < 0) | (t1 > num_tokens), BAD_CU_SEQLENS, 0)
+    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
     bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
     fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
@@ -157,6 +158,7 @@ def gated_delta_rule_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
+    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -186,8 +188,8 @@ def gated_delta_rule_kernel(
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t, qk_stride_h,
-         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
          WIN_PAD, LAYOUT_KV, False, L2NORM)
 
@@ -207,6 +209,7 @@ def gated_delta_rule_fused_gates_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
+    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -236,8 +239,8 @@ def gated_delta_rule_fused_gates_kernel(
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t, qk_stride_h,
-         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
          WIN_PAD, LAYOUT_KV, True, L2NORM)
 
@@ -251,8 +254,12 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     check_array("k", k, (T, H, K), INPUTS)
     check_array("v", v, (T, None, None), INPUTS)
     HV, V = v.shape[1], v.shape[2]
-    if H == 0 or HV % H:
+    if H == 0 or HV == 0 or HV % H:
         raise ValueError(f"value heads HV={HV} must be a positive multiple of qk heads H={H}")
+    if K == 0 or V == 0:
+        raise ValueError(f"head sizes must be >= 1, got K={K}, V={V}")
+    if k.strides != q.strides:
+        raise ValueError(f"k must have q's strides {list(q.strides)}, got {list(k.strides)}")
     state = (HV, K, V) if layout == "KV" else (HV, V, K)
     check_pool("pool", pool, state)
     if pool.dtype not in STATES:
@@ -289,7 +296,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),
-        scalars=(("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
+        scalars=(("num_rows", rows), ("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
                  ("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
                  ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
                  ("gate_stride", gate_a.strides[0]), ("wb_stride", write_blocks.strides[0]),
@@ -303,7 +310,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm)},
         aliases={"pool": "pool", "errors": "errors"},
-        skip=rows == 0 or T == 0,
+        skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )
 
 

@@ -98,3 +98,18 @@ def flag_row(errors_ptr, row, fault):
     if fault != 0:
         tl.atomic_or(errors_ptr, fault.to(tl.int32))
         tl.atomic_min(errors_ptr + 1, row.to(tl.int32))
+
+
+@triton.jit
+def seqlens_fault(cu_ptr, num_rows, num_tokens, CHUNK: tl.constexpr):
+    """``BAD_CU_SEQLENS`` if ``cu_seqlens`` (``num_rows + 1`` entries) is not
+    non-decreasing within ``[0, num_tokens]`` anywhere: rows would then overlap, so every
+    program of the launch sees the same answer (one pass over the entries)."""
+    bad = tl.zeros((CHUNK,), tl.int32)
+    for start in range(0, num_rows, CHUNK):
+        i = start + tl.arange(0, CHUNK).to(tl.int64)
+        m = i < num_rows
+        lo = tl.load(cu_ptr + i, mask=m, other=0).to(tl.int64)
+        hi = tl.load(cu_ptr + i + 1, mask=m, other=0).to(tl.int64)
+        bad = bad | (m & ((lo < 0) | (hi < lo) | (hi > num_tokens))).to(tl.int32)
+    return tl.where(tl.max(bad, axis=0) > 0, BAD_CU_SEQLENS, 0)

@@ -110,15 +110,24 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     assert (np.delete(out[1], 6, axis=0) == pool[1][np.arange(NB) != 6]).all()
 
 
-@pytest.mark.parametrize("cu", [[0, 3, 2], [0, 2, 9], [-1, 2, 3]])
-def test_bad_cu_seqlens_are_flagged(device_backend, cu):
+@pytest.mark.parametrize("cu", [[0, 3, 2, 3], [0, 2, 9, 9], [-1, 2, 3, 3], [0, 3, 1, 3]])
+def test_bad_cu_seqlens_fault_every_row(backend, cu):
+    # the last case: rows 0 and 2 overlap although neither runs backwards
     rng = np.random.default_rng(5)
     pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
-    _, out, err = device_backend.conv1d_update(pool, x[:3], w, cb, cu, [1, 2], [0, 0], [3, 4],
-                                               [0, 0], layer=0, layout="SD")
-    assert Fault(int(err[0])) & Fault.BAD_CU_SEQLENS
-    np.testing.assert_array_equal(out[0, [0, 1, 2] + list(range(5, NB))],
-                                  pool[0, [0, 1, 2] + list(range(5, NB))])
+    _, out, err = backend.conv1d_update(pool, x[:3], w, cb, cu, [1, 2, 1], [0, 0, 0],
+                                        [3, 4, 5], [0, 0, 0], layer=0, layout="SD")
+    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
+    np.testing.assert_array_equal(out, pool)
+
+
+def test_rows_without_tokens_still_flag_bad_ids(backend):
+    rng = np.random.default_rng(7)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
+    _, out, err = backend.conv1d_update(pool, x[:0], w, cb, [0, 0], [NB], [0], [2], [0],
+                                        layer=0, layout="SD")
+    assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
+    np.testing.assert_array_equal(out, pool)
 
 
 @pytest.mark.parametrize("change,error", [

@@ -116,6 +116,40 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
+@pytest.mark.parametrize("cu", [[0, 3, 2, 3], [0, 3, 1, 3], [0, 0, 9, 9]])
+def test_bad_cu_seqlens_fault_every_row(backend, cu):
+    rng = np.random.default_rng(8)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    sl = {n: x[:3] for n, x in gates.items()}
+    _, out, err = backend.gdn(pool, q[:3], k[:3], v[:3], sl, cu, [1, 2, 3], WBS[:3], [0, 0, 0],
+                              layer=1)
+    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
+    np.testing.assert_array_equal(out, pool)
+
+
+def test_rows_without_tokens_still_flag_bad_ids(backend):
+    rng = np.random.default_rng(9)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    _, out, err = backend.gdn(pool, q[:0], k[:0], v[:0], {n: x[:0] for n, x in gates.items()},
+                              [0, 0], [NB], WBS[:1], [0], layer=1)
+    assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
+    np.testing.assert_array_equal(out, pool)
+
+
+def test_k_with_other_strides_than_q_is_refused():
+    from mamba_align.backends.torch import ops  # noqa: F401  (registers the ops)
+    import torch
+    rng = np.random.default_rng(10)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    wide = torch.zeros(q.shape[0], 1, 16)
+    kv = wide[..., :8]  # a view: strides (16, 16, 1), q's are (8, 8, 1)
+    with pytest.raises(ValueError, match="k must have q's strides"):
+        ops.gated_delta_rule_(torch.tensor(pool), torch.zeros(2, dtype=torch.int32),
+                              torch.tensor(q), kv, torch.tensor(v), torch.tensor(gates["g"]),
+                              torch.tensor(gates["beta"]), torch.tensor(CU), torch.tensor(RB),
+                              torch.tensor(WBS), torch.tensor(SPEC), layer=0)
+
+
 @pytest.mark.parametrize("change,error", [
     (dict(layer=2), "layer"), (dict(layout="XY"), "layout"),
     (dict(v=np.zeros((12, 3, 8), np.float32)), "multiple"),

@@ -67,7 +67,7 @@ def test_conv_faulty_rows_write_nothing():
     y, out, f = causal_conv1d_update_ref(
         x, RNG.normal(size=(D, K)), None, pool, cu, [4, 1, 1, 1], [0, 2, 0, 0],
         [0, 0, -3, 2], [0, 0, 0, 1])
-    # read block past NB; offset past W - K + 1; a write block below -1; spec row too long
+    # read block past NB; offset past W - K + 1; a write block below -1; a good spec row
     assert f.tolist() == [Fault.BAD_BLOCK, Fault.BAD_OFFSET, Fault.BAD_BLOCK, 0]
     assert (y[:3] == 0).all() and (out[[0, 3]] == pool[[0, 3]]).all()
     _, _, f = causal_conv1d_update_ref(x[:3], RNG.normal(size=(D, K)), None, pool, [0, 3],
