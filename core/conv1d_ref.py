@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .faults import Fault
+from .faults import Fault, seqlen_faults
 
 ACTIVATIONS = ("none", "silu")
 
@@ -37,14 +37,6 @@ def conv_faults(num_blocks: int, width: int, kernel_size: int, seq_len: np.ndarr
     return (np.where(bad_block, int(Fault.BAD_BLOCK), 0)
             | np.where(bad_offset, int(Fault.BAD_OFFSET), 0)
             | np.where(too_long, int(Fault.BAD_QUERY_LEN), 0)).astype(np.int64)
-
-
-def seqlen_faults(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
-    """``BAD_CU_SEQLENS`` on every row (int64 ``[N]``) if any row's range is not inside
-    ``[0, num_tokens]`` or runs backwards: rows could then overlap, so none is trusted."""
-    cu = np.asarray(cu_seqlens, np.int64)
-    bad = ((cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)).any()
-    return np.full(len(cu) - 1, int(Fault.BAD_CU_SEQLENS) if bad else 0, np.int64)
 
 
 def causal_conv1d_update_ref(x: np.ndarray, weight: np.ndarray, bias: Optional[np.ndarray],

@@ -82,6 +82,23 @@ def new_errors() -> np.ndarray:
     return np.array([0, NO_ROW], np.int32)
 
 
+def seqlen_faults(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
+    """``BAD_CU_SEQLENS`` on every row (int64 ``[N]``) if any row's range is not inside
+    ``[0, num_tokens]`` or runs backwards: rows could then overlap, so none is trusted."""
+    cu = np.asarray(cu_seqlens, np.int64)
+    bad = ((cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)).any()
+    return np.full(len(cu) - 1, int(Fault.BAD_CU_SEQLENS) if bad else 0, np.int64)
+
+
+def flag_of(fault) -> np.ndarray:
+    """The error flag (int32 ``[2]``: ``[bits, lowest faulty row]``) a launch leaves for
+    the per-row fault bits ``fault`` (int ``[rows]``, 0 = a good row) a reference returns."""
+    fault = np.asarray(fault, np.int64).reshape(-1)
+    rows = np.flatnonzero(fault)
+    return np.array([int(np.bitwise_or.reduce(fault, initial=0)),
+                     int(rows[0]) if len(rows) else NO_ROW], np.int32)
+
+
 def _flag(errors) -> tuple:
     e = np.asarray(errors).reshape(-1)
     if e.shape != (2,):

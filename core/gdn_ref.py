@@ -17,8 +17,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .conv1d_ref import seqlen_faults
-from .faults import Fault
+from .faults import Fault, seqlen_faults
 
 LAYOUTS = ("VK", "KV")  # the state of one value head: [V, K] (K-last) or [K, V]
 

@@ -40,7 +40,6 @@ ROWS_PER_PROGRAM = 8
 #: DUP_UNROLL rows in one unrolled pass (one compile per size bucket), larger ones loop.
 DUP_CHUNK = 128
 DUP_UNROLL = 1024
-ROW_WARPS = 4
 
 
 @triton.jit
@@ -175,7 +174,7 @@ def postprocess_kernel(
 
 def row_launch(num_rows: int, **constexprs: Any) -> Dict[str, Any]:
     """The launch shape of a kernel over ``num_rows`` batch rows, as keyword arguments of a
-    :class:`LaunchPlan`: ``grid``, ``num_warps`` and ``constexprs``, which are
+    :class:`LaunchPlan`: ``grid`` and ``constexprs``, which are
     ``constexprs`` plus ``BLOCK`` (rows per program), ``CHUNK`` and ``WIDTH`` (see
     :func:`.rows.duplicated`)."""
     # a symbolic size (torch.compile's fake tensors, which only allocate) must not be
@@ -183,7 +182,7 @@ def row_launch(num_rows: int, **constexprs: Any) -> Dict[str, Any]:
     bucket = next_pow2(num_rows) if isinstance(num_rows, int) else DUP_UNROLL
     chunk = min(max(32, bucket), DUP_CHUNK)
     width = min(max(chunk, bucket), max(DUP_UNROLL, chunk))
-    return {"grid": (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),), "num_warps": ROW_WARPS,
+    return {"grid": (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),),
             "constexprs": {**constexprs, "BLOCK": ROWS_PER_PROGRAM, "CHUNK": chunk,
                            "WIDTH": width}}
 

@@ -19,12 +19,11 @@ import triton.language as tl
 from ..core.conv1d_ref import ACTIVATIONS
 from .bookkeeping import check_errors
 from .copy import check_layout
-from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
-                   check_pool, next_pow2, pool_scalars)
+from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
+                   check_array, check_layer, check_pool, check_seqlens, next_pow2, pool_scalars)
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row,
                    seqlens_fault)
 
-FLOATS = ("float32", "float16", "bfloat16")
 BLOCK_T = 16  # tokens per tile: fixed, never from the batch (batch invariance)
 
 
@@ -159,26 +158,22 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         raise ValueError(f"pool must be [L, NB, W, D] (SD) or [L, NB, D, W] (DS), got "
                          f"{list(pool.shape)}")
     check_pool("pool", pool, pool.shape[2:])
-    if pool.dtype not in FLOATS:
-        raise TypeError(f"pool must have dtype {'/'.join(FLOATS)}, got {pool.dtype}")
+    if pool.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"pool must have dtype {'/'.join(FLOAT_DTYPES)}, got {pool.dtype}")
     scal = pool_scalars(pool, layout)
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < scal["num_layers"]:
-        raise ValueError(f"layer must be an int in [0, {scal['num_layers']}), got {layer!r}")
+    check_layer(layer, scal["num_layers"])
     width, dim = scal["width"], scal["dim"]
     if dim == 0:
         raise ValueError("the conv pool must have D >= 1 channels")
     check_errors(errors)
-    check_array("x", x, (None, dim), FLOATS)
-    check_array("weight", weight, (dim, None), FLOATS)
+    check_array("x", x, (None, dim), FLOAT_DTYPES)
+    check_array("weight", weight, (dim, None), FLOAT_DTYPES)
     ksize = weight.shape[1]
     if not 2 <= ksize <= width + 1:
         raise ValueError(f"the conv kernel size (weight's last dimension, {ksize}) must be in "
                          f"[2, W + 1] for a window of W = {width} rows")
-    check_array("bias", bias, (dim,), FLOATS)
-    check_array("cu_seqlens", cu_seqlens, (None,))
-    rows = cu_seqlens.shape[0] - 1
-    if rows < 0:
-        raise ValueError("cu_seqlens must have N + 1 entries (N >= 0 rows), got none")
+    check_array("bias", bias, (dim,), FLOAT_DTYPES)
+    rows = check_seqlens(cu_seqlens)
     for name, a in (("read_block", read_block), ("read_offset", read_offset),
                     ("write_block", write_block)):
         check_array(name, a, (rows,))

@@ -25,6 +25,7 @@ MAX_GRID_X = 2**31 - 1
 
 INDEX_DTYPES = ("int32", "int64")
 FLAG_DTYPES = ("bool", "int8", "int32", "int64")
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")  # the recurrences' inputs
 
 Scalar = Union[int, float]
 
@@ -302,6 +303,23 @@ def table_scalars(block_table: ArraySpec, num_slots: int) -> Tuple[Tuple[str, in
         raise ValueError(f"block_table has {block_table.shape[0]} rows, fewer than the "
                          f"{num_slots} slots")
     return (("bt_stride", block_table.strides[0]), ("max_cols", block_table.shape[1]))
+
+
+def check_layer(layer: int, num_layers: int) -> int:
+    """The layer of an ``[L, NB, ...]`` pool a recurrent kernel runs on: an int in
+    ``[0, L)``."""
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
+        raise ValueError(f"layer must be an int in [0, {num_layers}), got {layer!r}")
+    return layer
+
+
+def check_seqlens(cu_seqlens: "ArraySpec") -> int:
+    """``cu_seqlens``: int ``[N + 1]``, the token offsets of ``N >= 0`` rows; returns
+    ``N``. Its values are checked on the device (``BAD_CU_SEQLENS``)."""
+    check_array("cu_seqlens", cu_seqlens, (None,))
+    if cu_seqlens.shape[0] < 1:
+        raise ValueError("cu_seqlens must have N + 1 entries (N >= 0 rows), got none")
+    return cu_seqlens.shape[0] - 1
 
 
 def pool_scalars(spec: ArraySpec, layout: str = "temporal") -> dict:

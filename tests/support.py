@@ -1,6 +1,6 @@
-"""What the test files share: random pools and copy plans, element-by-element oracles of
-the copy rules (docs/semantics.md §2), and the three backends behind one NumPy-in /
-NumPy-out interface, so that each operation has one test file that checks all three.
+"""The three backends behind one NumPy-in / NumPy-out interface, so that each operation has
+one test file that checks all three, and the per-slot state helpers the tests share (the
+copy oracles: copy_oracles.py; whole torch steps: torch_steps.py).
 
 * ``reference``: the core (NumPy), which raises on bad input;
 * ``torch``: the torch launcher (interpreter on CPU, compiled Triton on the GPU);
@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from mamba_align.core import (
-    CopyPlan,
+    flag_of,
     new_errors,
     SlotState,
     accept,
@@ -31,68 +31,12 @@ from mamba_align.core import (
 )
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
-from mamba_align.core.faults import NO_ROW
+from copy_oracles import copy_plan  # noqa: E402  (tests/ is on sys.path)
 
 BACKENDS = ("reference", "torch", "jax")
 DEVICE_BACKENDS = ("torch", "jax")  # the kernels: they skip what the core rejects
 COPY_PLAN = ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")
 BLOCKS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
-
-
-# -- data ---------------------------------------------------------------------------------
-def random_pool(rng, shape, dtype):
-    """Random bits (NaN payloads included): equality must be on bytes, not on values."""
-    itemsize = np.dtype(dtype).itemsize
-    raw = rng.integers(0, 256, size=int(np.prod(shape)) * itemsize, dtype=np.uint8)
-    return raw.view(dtype).reshape(shape).copy()
-
-
-def same_bytes(a, b) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
-
-
-def copy_plan(tsrc, csrc, dst, bias) -> CopyPlan:
-    return CopyPlan(*(np.array(x, dtype=np.int64) for x in (tsrc, csrc, dst, bias)))
-
-
-def random_copy_plan(rng, rows: int, nb: int, max_bias: int) -> CopyPlan:
-    """Rows with distinct destinations: plain copies, self-copies / in-place shifts,
-    sources < 0 and skipped (-1) rows."""
-    blocks = rng.permutation(np.arange(1, nb))
-    dst = blocks[:rows].copy()
-    spare = blocks[rows:]
-    kind = rng.integers(0, 4, rows)  # 0 copy, 1 in place, 2 src -1, 3 skipped row
-    tsrc = np.where(kind == 1, dst, rng.choice(spare, rows))
-    csrc = np.where(kind == 1, dst, rng.choice(spare, rows))
-    tsrc[kind >= 2] = -1
-    csrc[kind >= 2] = -1
-    dst[kind == 3] = -1
-    return copy_plan(tsrc, csrc, dst, rng.integers(0, max_bias + 1, rows))
-
-
-def loop_temporal(pool, p: CopyPlan):
-    """docs/semantics.md §2, block by block: ``pool[:, dst] = pool[:, tsrc]``."""
-    out, before = pool.copy(), pool.copy()
-    for r in range(len(p.dst)):
-        if p.tsrc[r] >= 0 and p.dst[r] >= 0:
-            out[:, p.dst[r]] = before[:, p.tsrc[r]]
-    return out
-
-
-def loop_conv(pool, p: CopyPlan, layout: str):
-    """docs/semantics.md §2, element by element, reading the source as it was before."""
-    out, before = pool.copy(), pool.copy()
-    w = pool.shape[2] if layout == "SD" else pool.shape[3]
-    for r in range(len(p.dst)):
-        if p.csrc[r] < 0 or p.dst[r] < 0:
-            continue
-        for i in range(w - p.bias[r]):
-            if layout == "SD":
-                out[:, p.dst[r], i] = before[:, p.csrc[r], i + p.bias[r]]
-            else:
-                out[:, p.dst[r], :, i] = before[:, p.csrc[r], :, i + p.bias[r]]
-    return out
 
 
 def slots(state_idx, acc, num_computed) -> SlotState:
@@ -185,7 +129,7 @@ class Reference(Backend):
         y, out[layer], fault = causal_conv1d_update_ref(x, weight, bias, pool[layer], cu, rb,
                                                         off, wb, spec, activation=activation,
                                                         layout=layout)
-        return y, out, flag_of(fault)
+        return y, out, flag_of(fault).astype(np.int64)
 
     def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts):
         out = pool.copy()
@@ -193,7 +137,7 @@ class Reference(Backend):
             opts = dict(opts, scale=None)
         o, out[layer], fault = gated_delta_rule_ref(q, k, v, pool[layer], cu, rb, wbs, spec,
                                                     **gates, **opts)
-        return o, out, flag_of(fault)
+        return o, out, flag_of(fault).astype(np.int64)
 
 
 class Torch(Backend):
@@ -385,14 +329,6 @@ class Jax(Backend):
         return {n: np.asarray(p) for n, p in out.items()}
 
 
-def flag_of(fault) -> np.ndarray:
-    """The error flag (int64 ``[2]``) a launch leaves for per-row fault bits ``fault``."""
-    fault = np.asarray(fault, np.int64)
-    rows = np.flatnonzero(fault)
-    return np.array([int(np.bitwise_or.reduce(fault, initial=0)),
-                     int(rows[0]) if len(rows) else NO_ROW], np.int64)
-
-
 def in_flight(state: SlotState, idx) -> SlotState:
     """``state`` as the device holds it between preprocess and postprocess: ``acc``
     negated on the slots the rows ``idx`` name (0, a faulty slot, stays 0)."""
@@ -415,47 +351,3 @@ def blocks_of(bt, num_blocks=None) -> int:
 
 def make_backend(name: str, **kw) -> Backend:
     return {"reference": Reference, "torch": Torch, "jax": Jax}[name](**kw)
-
-
-# -- whole torch steps (the torch runner tests: compile, CUDA graphs) -----------------------
-def step_config(S: int = 2, dim: int = 64, ssm=(2, 16, 16)):
-    from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
-
-    return CacheConfig(4, S, 3, {"conv": ConvSpec(4, dim, "SD", "bfloat16"),
-                                 "ssm": TemporalSpec(tuple(ssm), "float32")})
-
-
-def step_inputs(gen, rows, slots_, cols, nb, S, device):
-    """A valid random torch step: distinct slots, -1 padding rows, block tables of distinct
-    ids; ``[idx_mapping, query_len, block_table, num_sampled]`` int32 on ``device``."""
-    import torch
-
-    perm = torch.randperm(slots_, generator=gen)[:rows]
-    idx = torch.where(torch.rand(rows, generator=gen) < 0.2, -1, perm)
-    ql = torch.randint(1, S + 2, (rows,), generator=gen)
-    bt = (torch.randperm(nb - 1, generator=gen)[: slots_ * cols] + 1).view(slots_, cols)
-    ns = torch.minimum(torch.randint(1, S + 2, (rows,), generator=gen), ql)
-    return [t.to(device).to(torch.int32) for t in (idx, ql, bt, ns)]
-
-
-def seed_runner(runner, seed: int, slots_: int) -> None:
-    import torch
-
-    nc = torch.randint(0, 40, (slots_,), generator=torch.Generator().manual_seed(seed))
-    runner.add_requests(torch.arange(slots_, device=runner.device, dtype=torch.int32),
-                        nc.to(runner.device, torch.int32))
-
-
-def step_pools(cfg, nb, device):
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    return {n: torch.randn(cfg.pool_shape(n, nb), generator=g).to(getattr(torch, s.dtype))
-            .to(device) for n, s in cfg.states.items()}
-
-
-def run_step(runner, pools, idx, ql, is_spec, bt, ns):
-    """One whole step through the torch runner; its per-row results."""
-    b = runner.preprocess(pools, idx, ql, is_spec, bt)
-    c = runner.postprocess(pools, idx, ql, is_spec, ns, bt)
-    return [b.temporal_read, b.conv_read, b.conv_read_bias, b.temporal_write, b.conv_write, c]

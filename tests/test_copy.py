@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import copy_plan, loop_conv, loop_temporal, random_copy_plan, random_pool, same_bytes
+from copy_oracles import (copy_plan, loop_conv, loop_temporal, random_copy_plan, random_pool,
+                          same_bytes)
 
 from mamba_align import kernels as K
 from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec, apply_copy, apply_temporal_copy

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from support import run_step, seed_runner, step_config, step_inputs, step_pools
+from torch_steps import run_step, seed_runner, step_config, step_inputs, step_pools
 
 from mamba_align import kernels as K
 from mamba_align.backends.torch import StateRunner

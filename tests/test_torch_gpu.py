@@ -4,7 +4,7 @@ and replay of a whole step (torch.compile of a step: ``test_torch_backend.py``).
 
 import pytest
 import torch
-from support import run_step, seed_runner, step_config, step_inputs, step_pools
+from torch_steps import run_step, seed_runner, step_config, step_inputs, step_pools
 
 from mamba_align.backends.torch import StateRunner
 from mamba_align.backends.torch import ops
