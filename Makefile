@@ -55,14 +55,16 @@ gpu-fuzz: gpu-setup
 	set -o pipefail; FUZZ_EXAMPLES=$(FUZZ_GPU) python3 -m pytest -q -s -p no:cacheprovider \
 	  tests/test_fuzz.py 2>&1 | tee $(OUT)/gpu_fuzz.log
 
-# memcheck over the kernel tests (copies, bookkeeping, faults, a shorter fuzz run), racecheck
-# over the copies (the in-place conv shift among them; racecheck sees shared memory only).
+# memcheck over the kernel tests (copies, bookkeeping, faults, a shorter fuzz run, the
+# recurrences), racecheck over the copies and the recurrences (the in-place conv shift and
+# window among them; racecheck sees shared memory only).
 # Every array gets its own allocation (no torch caching, no JAX pool), so that an access
 # past an array is outside any allocation; a planted bad store must be reported.
 SANITIZE_ENV := PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform
 SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
-	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py
+	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py tests/test_conv1d.py \
+	tests/test_gdn.py tests/test_copy_free_sequence.py
 sanitize: gpu-setup
 	! $(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 1 \
 	  python3 tests/sanitizer_control.py > $(OUT)/sanitize_control.log 2>&1
@@ -71,7 +73,8 @@ sanitize: gpu-setup
 	  --error-exitcode 1 python3 -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS) 2>&1 \
 	  | tee $(OUT)/sanitize_memcheck.log
 	set -o pipefail; $(SANITIZE_ENV) $(SANITIZER) --tool racecheck --error-exitcode 1 \
-	  python3 -m pytest -q -p no:cacheprovider tests/test_copy.py 2>&1 | tee $(OUT)/sanitize_racecheck.log
+	  python3 -m pytest -q -p no:cacheprovider tests/test_copy.py tests/test_conv1d.py \
+	  tests/test_gdn.py 2>&1 | tee $(OUT)/sanitize_racecheck.log
 
 # a same-run baseline for the step benchmark: an earlier version of the package, carried
 # in the git-ignored .baseline/mamba_align (git archive <rev> --prefix=mamba_align/)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from support import make_backend
 
-from mamba_align.core import Fault
+from mamba_align.core import Fault, new_errors
 
 L, NB, K, S = 2, 9, 4, 2
 W = K - 1 + S
@@ -145,3 +145,36 @@ def test_bad_arguments_raise(device_backend, change, error):
         device_backend.conv1d_update(kw["pool"], kw["x"], kw["weight"], kw["bias"], [0, 3],
                                      [1], [0], [2], [0], layer=kw["layer"], layout=kw["layout"],
                                      activation=kw["activation"])
+
+
+def test_torch_compile_and_jax_jit_give_the_eager_bits():
+    # the custom op under torch.compile (two row counts: the second is symbolic), and the
+    # JAX function under jit with the pool donated
+    import jax
+    import torch
+
+    from mamba_align.backends.jax import ops as jops
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(12)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "DS")
+    T = torch.as_tensor
+
+    def call(p, *arrays):
+        return tops.conv1d_update_(p, *arrays, layer=1, layout="DS")["y"]
+
+    compiled = torch.compile(call, fullgraph=True)
+    for rows in (6, 3):
+        n = int(CU[rows])
+        arrays = [T(new_errors()), T(x[:n]), T(w), T(cb), T(CU[:rows + 1]), T(RB[:rows]),
+                  T(OFF[:rows]), T(WB[:rows]), T(SPEC[:rows])]
+        pe, pc = T(pool.copy()), T(pool.copy())
+        assert torch.equal(call(pe, *arrays), compiled(pc, *[a.clone() for a in arrays]))
+        assert torch.equal(pe, pc)
+    fn = jax.jit(jops.conv1d_update, static_argnames=("layer", "layout", "activation"),
+                 donate_argnums=(0, 1))
+    A = jax.numpy.asarray  # noqa: N806
+    args = (A(x), A(w), A(cb), A(CU), A(RB), A(OFF), A(WB), A(SPEC))
+    eager = jops.conv1d_update(A(pool), A(new_errors()), *args, layer=1, layout="DS")
+    jitted = fn(A(pool), A(new_errors()), *args, layer=1, layout="DS")
+    for name in ("y", "pool", "errors"):
+        np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))

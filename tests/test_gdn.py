@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from support import make_backend
 
-from mamba_align.core import Fault
+from mamba_align.core import Fault, new_errors
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -164,3 +164,37 @@ def test_bad_arguments_raise(device_backend, change, error):
     with pytest.raises((ValueError, TypeError), match=error):
         device_backend.gdn(kw["pool"], q, k, kw["v"], gates, CU, RB, WBS, SPEC,
                            layer=kw["layer"], layout=kw["layout"])
+
+
+def test_torch_compile_and_jax_jit_give_the_eager_bits():
+    # the custom op under torch.compile (two row counts: the second is symbolic), and the
+    # JAX function under jit with the pool donated
+    import jax
+    import torch
+
+    from mamba_align.backends.jax import ops as jops
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(11)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    T = torch.as_tensor
+
+    def call(p, *arrays):
+        return tops.gated_delta_rule_(p, *arrays, layer=1)["o"]
+
+    compiled = torch.compile(call, fullgraph=True)
+    for rows in (6, 4):
+        n = int(CU[rows])
+        arrays = [T(np.array([0, 2**31 - 1], np.int32)), T(q[:n]), T(k[:n]), T(v[:n]),
+                  T(gates["g"][:n]), T(gates["beta"][:n]), T(CU[:rows + 1]), T(RB[:rows]),
+                  T(WBS[:rows]), T(SPEC[:rows])]
+        pe, pc = T(pool.copy()), T(pool.copy())
+        assert torch.equal(call(pe, *arrays), compiled(pc, *[a.clone() for a in arrays]))
+        assert torch.equal(pe, pc)
+    fn = jax.jit(jops.gated_delta_rule, static_argnames=("layer", "scale", "use_qk_l2norm",
+                                                         "layout"), donate_argnums=(0, 1))
+    A = jax.numpy.asarray  # noqa: N806
+    args = (A(q), A(k), A(v), A(gates["g"]), A(gates["beta"]), A(CU), A(RB), A(WBS), A(SPEC))
+    eager = jops.gated_delta_rule(A(pool), A(new_errors()), *args, layer=1)
+    jitted = fn(A(pool), A(new_errors()), *args, layer=1)
+    for name in ("o", "pool", "errors"):
+        np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))

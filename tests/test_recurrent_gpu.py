@@ -1,0 +1,135 @@
+"""GPU-only properties of the recurrent kernels (run by ``make gpu``): pools past 2^31
+elements (64-bit offsets), more than 65 535 programs, CUDA-graph capture and replay."""
+
+import numpy as np
+import pytest
+import torch
+from support import make_backend
+
+from mamba_align.backends.torch import ops
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu)"),
+]
+
+DEV = "cuda"
+
+
+def t(a, dtype=None):
+    return torch.as_tensor(np.asarray(a), dtype=dtype, device=DEV)
+
+
+def gdn_row(pool, rb, wbs, T=3, seed=0):
+    """One spec row of ``T`` tokens on ``pool`` (HV = 32, K = V = 128), in-kernel gates."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    HV, K = pool.shape[2], pool.shape[4]
+    q, k = (torch.randn(T, 16, K, device=DEV, generator=g, dtype=torch.bfloat16) for _ in range(2))
+    v = torch.randn(T, HV, K, device=DEV, generator=g, dtype=torch.bfloat16)
+    a, b = (torch.randn(T, HV, device=DEV, generator=g) for _ in range(2))
+    A_log, dt_bias = (torch.randn(HV, device=DEV, generator=g) for _ in range(2))
+    errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+    o = ops.gated_delta_rule_fused_gates_(
+        pool, errors, q, k, v, a, b, A_log, dt_bias, t([0, T]), t([rb]), t([wbs]), t([1]),
+        layer=pool.shape[0] - 1, use_qk_l2norm=True)["o"]
+    assert errors.tolist()[0] == 0
+    return o
+
+
+def test_gdn_pool_beyond_2_31_elements():
+    # [1, 4200, 32, 128, 128] fp32: 2.2e9 elements; the row reads and writes the last blocks
+    NB = 4200
+    big = torch.zeros((1, NB, 32, 128, 128), device=DEV)
+    assert big.numel() > 2**31
+    small = torch.zeros((1, 5, 32, 128, 128), device=DEV)
+    init = torch.randn(32, 128, 128, device=DEV)
+    big[0, NB - 1], small[0, 1] = init, init
+    o_big = gdn_row(big, NB - 1, [NB - 4, NB - 3, NB - 2])
+    o_small = gdn_row(small, 1, [2, 3, 4])
+    assert torch.equal(o_big, o_small)  # the same row, wherever its blocks are
+    assert torch.equal(big[0, NB - 4:NB - 1], small[0, 2:5])
+    assert torch.equal(big[0, NB - 1], init) and not big[0, :NB - 4].any()
+
+
+def test_conv_pool_beyond_2_31_elements():
+    NB, D = 52_500, 8192  # [1, NB, 5, 8192] bf16: 2.15e9 elements
+    big = torch.zeros((1, NB, 5, D), dtype=torch.bfloat16, device=DEV)
+    assert big.numel() > 2**31
+    small = torch.zeros((1, 3, 5, D), dtype=torch.bfloat16, device=DEV)
+    hist = torch.randn(5, D, device=DEV).to(torch.bfloat16)
+    big[0, NB - 1], small[0, 1] = hist, hist
+    x = torch.randn(3, D, device=DEV).to(torch.bfloat16)
+    w, cb = torch.randn(D, 4, device=DEV), torch.randn(D, device=DEV)
+
+    def run(pool, rb, wb):
+        errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+        y = ops.conv1d_update_(pool, errors, x, w, cb, t([0, 3]), t([rb]), t([1]), t([wb]),
+                               t([1]), layer=0, layout="SD")["y"]
+        assert errors.tolist()[0] == 0
+        return y
+
+    assert torch.equal(run(big, NB - 1, NB - 2), run(small, 1, 2))
+    assert torch.equal(big[0, NB - 2].view(torch.int16), small[0, 2].view(torch.int16))
+
+
+@pytest.mark.parametrize("op", ["conv1d", "gdn"])
+def test_more_than_65535_programs(op):
+    # 70 000 one-token rows: every program index past the 65 535 of a y / z grid axis
+    rows, rng = 70_000, np.random.default_rng(0)
+    cu = np.arange(rows + 1)
+    rb = rng.integers(-1, 4, rows)  # read blocks no row writes: rows are not ordered
+    wb = np.where(rng.random(rows) < 0.1, -1, rng.integers(4, 8, rows))
+    spec = np.zeros(rows, np.int64)
+    ref, dev = make_backend("reference"), make_backend("torch")
+    if op == "conv1d":
+        pool = rng.normal(size=(1, 8, 3, 16)).astype(np.float32)
+        x = rng.normal(size=(rows, 16)).astype(np.float32)
+        w, cb = rng.normal(size=(16, 3)).astype(np.float32), np.zeros(16, np.float32)
+        args = (pool, x, w, cb, cu, rb, np.zeros(rows, np.int64), wb, spec)
+        got, want = (b.conv1d_update(*args, layer=0, layout="SD") for b in (dev, ref))
+    else:
+        pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
+        q, k, v = (rng.normal(size=(rows, 1, 8)).astype(np.float32) for _ in range(3))
+        gates = {"g": -rng.uniform(0, 1, (rows, 1)).astype(np.float32),
+                 "beta": rng.uniform(0, 1, (rows, 1)).astype(np.float32)}
+        wbs = np.stack([wb, -np.ones(rows, np.int64)], axis=1)
+        got, want = (b.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, layer=0) for b in (dev, ref))
+    # the outputs row by row; many rows write each block, so the pools are not compared
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert got[2].tolist() == want[2].tolist()
+
+
+def test_cuda_graph_replay_of_both_recurrences():
+    pool_c = torch.zeros((1, 4, 5, 64), device=DEV)
+    pool_t = torch.zeros((1, 4, 2, 16, 16), device=DEV)
+    x = torch.randn(3, 64, device=DEV)
+    w, cb = torch.randn(64, 4, device=DEV), torch.zeros(64, device=DEV)
+    q, k = torch.randn(3, 1, 16, device=DEV), torch.randn(3, 1, 16, device=DEV)
+    v = torch.randn(3, 2, 16, device=DEV)
+    g, beta = -torch.rand(3, 2, device=DEV), torch.rand(3, 2, device=DEV)
+    errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+    cu, spec, one, zero, two, wbs = t([0, 3]), t([1]), t([1]), t([0]), t([2]), t([[2, 3, -1]])
+
+    def step():  # no host-to-device copies: capturable
+        y = ops.conv1d_update_(pool_c, errors, x, w, cb, cu, one, zero, two, spec, layer=0,
+                               layout="SD")["y"]
+        o = ops.gated_delta_rule_(pool_t, errors, q, k, v, g, beta, cu, one, wbs, spec,
+                                  layer=0)["o"]
+        return y, o
+
+    eager = [r.clone() for r in step()]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    x.normal_()  # new inputs, replayed without capture
+    graph.replay()
+    torch.cuda.synchronize()
+    fresh = step()
+    for a, b in zip(out, fresh):
+        assert torch.equal(a, b)
+    assert not torch.equal(out[0], eager[0])
