@@ -1,0 +1,371 @@
+"""The recurrent kernels against flash-linear-attention (fla), at Qwen3-Next shapes.
+
+Gated delta rule: H = 16 qk heads, HV = 32 value heads, K = V = 128, bf16 q/k/v, fp32 state
+pool ``[L, NB, HV, V, K]``, in-kernel gates and q/k l2norm. Causal conv1d update: D = 8192,
+K = 4, bf16 DS pool ``[L, NB, D, K - 1 + S]``, SiLU. S = 3. Batches B = 1, 16, 64, 256:
+
+- ``decode``: one token per row, the final state written (non-spec);
+- ``spec``: 1 + S = 4 tokens per row, every candidate state written (ours; fla writes only
+  the final state: its rows say so);
+- ``prefill``: one non-spec row of 2048 tokens (B = 1), given gates, against fla's
+  ``chunk_gated_delta_rule`` (a chunked kernel: a known gap for our recurrent one);
+- ``step``: pre-copy against copy-free for B crossing decode rows: the two copies plus both
+  kernels, against both kernels reading the old column.
+
+Methods: ``ours`` (torch, CUDA-graph replay), ``ours_jax`` (jitted, pool donated; device
+time from a profiler trace), ``fla`` (fla's kernel on contiguous states, as its docs call
+it: keywords, ``state_v_first=True`` for the ``[V, K]`` layout), ``fla_pooled`` (what a pool
+user must do: gather the read blocks, fla, scatter to the write blocks). Every output is
+checked against the float64 reference of one row before anything is timed. TB/s counts the
+state traffic only: the state read once plus every state written (conv: the K - 1 history
+rows read, the window rows written).
+
+Usage::
+
+    python benchmarks/bench_recurrent.py [--out benchmarks/results] [--small]
+
+Writes ``recurrent_h200.json`` and ``recurrent_h200.md`` under ``--out``. ``--small``: a CPU
+smoke run in Triton's interpreter, tiny shapes, ours only when fla cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench_copy import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from mamba_align.backends.torch import ops as tops  # noqa: E402
+from mamba_align.core.conv1d_ref import causal_conv1d_update_ref  # noqa: E402
+from mamba_align.core.gdn_ref import gated_delta_rule_ref  # noqa: E402
+
+
+def shapes(small: bool) -> Dict[str, Any]:
+    if small:
+        return dict(H=1, HV=2, K=16, V=16, D=32, KC=4, S=3, L=2, batches=(1, 2), prefill=8)
+    return dict(H=16, HV=32, K=128, V=128, D=8192, KC=4, S=3, L=2, batches=(1, 16, 64, 256),
+                prefill=2048)
+
+
+def load_fla():
+    try:
+        from fla.modules.causal_conv1d import causal_conv1d_update
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule, chunk_gated_delta_rule, causal_conv1d_update
+    except Exception as e:  # noqa: BLE001  (no fla, or no GPU for its kernels)
+        print(f"fla unavailable: {e!r}")
+        return None
+
+
+def np32(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+def check(name: str, got: torch.Tensor, want: np.ndarray, tol: float) -> None:
+    err = np.max(np.abs(np32(got) - want)) / max(1e-6, np.max(np.abs(want)))
+    if not err <= tol:
+        raise SystemExit(f"{name}: relative error {err:.3g} > {tol} against the reference")
+
+
+class Case:
+    """One batch of GDN rows (and their conv), with distinct read and write blocks."""
+
+    def __init__(self, s: Dict[str, Any], B: int, T: int, spec: bool, dev: torch.device,
+                 gen: torch.Generator):
+        self.B, self.T, self.spec = B, T, spec
+        H, HV, K, V, D, KC, S, L = (s[n] for n in ("H", "HV", "K", "V", "D", "KC", "S", "L"))
+        n = B * T
+        self.nb = 2 + B * (2 + S)
+        ids = torch.randperm(self.nb - 1, generator=gen)[: B * (2 + S)].to(dev) + 1
+        self.rb = ids[:B].contiguous()
+        self.wbs = ids[B:].view(B, 1 + S).contiguous()
+        if not spec:
+            self.wbs[:, 1:] = -1
+        self.wb = self.wbs[:, 0].contiguous()
+        self.cu = torch.arange(0, n + 1, T, device=dev)
+        self.is_spec = torch.full((B,), int(spec), device=dev)
+        bf = torch.bfloat16
+        r = lambda *shape, dt=bf: torch.randn(*shape, generator=gen).to(dev, dt)  # noqa: E731
+        self.q, self.k, self.v = r(n, H, K), r(n, H, K), r(n, HV, V)
+        self.a, self.b = r(n, HV), r(n, HV)
+        self.A_log, self.dt_bias = r(HV, dt=torch.float32) * 0.5, r(HV, dt=torch.float32)
+        self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev)
+        self.pool[1, self.rb] = r(B, HV, V, K, dt=torch.float32) * 0.1
+        self.x, self.w = r(n, D), r(D, KC)
+        self.cb = torch.zeros(D, device=dev, dtype=bf)
+        self.cpool = torch.zeros((L, self.nb, D, KC - 1 + S), device=dev, dtype=bf)
+        self.cpool[1, self.rb] = r(B, D, KC - 1 + S)
+        self.off = torch.zeros(B, dtype=torch.int64, device=dev)
+        self.errors = torch.zeros(2, dtype=torch.int32, device=dev)
+
+    # -- ours ---------------------------------------------------------------------------
+    def gdn(self):
+        return tops.gated_delta_rule_fused_gates_(
+            self.pool, self.errors, self.q, self.k, self.v, self.a, self.b, self.A_log,
+            self.dt_bias, self.cu, self.rb, self.wbs, self.is_spec, layer=1,
+            use_qk_l2norm=True)["o"]
+
+    def conv(self):
+        return tops.conv1d_update_(self.cpool, self.errors, self.x, self.w, self.cb, self.cu,
+                                   self.rb, self.off, self.wb, self.is_spec, layer=1,
+                                   layout="DS", activation="silu")["y"]
+
+    def gdn_ref(self, row: int = 0):
+        """o and the states written by ``row`` (float64 reference, one row)."""
+        t0, t1 = row * self.T, (row + 1) * self.T
+        block = np32(self.pool[1, self.rb[row]])[None]  # read block 0, write blocks 1..T
+        pool = np.concatenate([block, np.zeros((self.T,) + block.shape[1:], np.float32)])
+        o, out, _ = gated_delta_rule_ref(
+            np32(self.q[t0:t1]), np32(self.k[t0:t1]), np32(self.v[t0:t1]), pool, [0, self.T], [0], [list(range(1, 1 + self.T)) if self.spec else [1]], [self.spec],
+            A_log=np32(self.A_log), a=np32(self.a[t0:t1]), dt_bias=np32(self.dt_bias),
+            b=np32(self.b[t0:t1]), use_qk_l2norm=True)
+        return o, out[1:1 + (self.T if self.spec else 1)]
+
+    def conv_ref(self, row: int = 0):
+        t0, t1 = row * self.T, (row + 1) * self.T
+        pool = np32(self.cpool[1, self.rb[row:row + 1]])
+        y, _, _ = causal_conv1d_update_ref(np32(self.x[t0:t1]), np32(self.w), np32(self.cb),
+                                           pool, [0, self.T], [0], [0], [-1], [self.spec],
+                                           layout="DS")
+        return y
+
+
+def state_bytes(s: Dict[str, Any], B: int, writes: int) -> int:
+    return B * s["HV"] * s["V"] * s["K"] * 4 * (1 + writes)
+
+
+def conv_bytes(s: Dict[str, Any], B: int, written_rows: int) -> int:
+    return B * s["D"] * 2 * (s["KC"] - 1 + written_rows)
+
+
+def run(args: argparse.Namespace) -> Dict[str, Any]:
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    s = shapes(args.small)
+    fla = load_fla() if cuda else None
+    gen = torch.Generator().manual_seed(0)
+    records: List[Dict[str, Any]] = []
+
+    def rec(op, method, B, T, fn, nbytes, note="", ms=None):
+        """Time ``fn`` (or take ``ms``, measured elsewhere) and keep the record."""
+        ms = bench_ms(fn, cuda, graph=cuda) if ms is None else ms
+        records.append({"op": op, "method": method, "batch": B, "tokens_per_row": T, "ms": ms,
+                        "bytes": nbytes, "tbps": nbytes / (ms * 1e-3) / 1e12, "note": note})
+        print(f"{op:8s} {method:11s} B={B:4d} T={T:4d} {ms * 1e3:9.1f} us "
+              f"{records[-1]['tbps']:6.2f} TB/s {note}", flush=True)
+
+    ceiling = d2d_ceiling(1 << (20 if args.small else 32), dev, cuda)
+    for T, spec, label in ((1, False, "decode"), (1 + s["S"], True, "spec")):
+        for B in s["batches"]:
+            c = Case(s, B, T, spec, dev, gen)
+            o = c.gdn()
+            want_o, want_h = c.gdn_ref(0)
+            check(f"ours gdn {label} B={B}", o[:T], want_o, 2e-2)
+            check(f"ours gdn state {label} B={B}",
+                  c.pool[1, c.wbs[0, :want_h.shape[0]]], want_h, 2e-2)
+            rec("gdn", "ours", B, T, c.gdn, state_bytes(s, B, T if spec else 1))
+            y = c.conv()
+            check(f"ours conv {label} B={B}", y[:T], c.conv_ref(0), 2e-2)
+            rec("conv", "ours", B, T, c.conv, conv_bytes(s, B, T + s["KC"] - 2 if spec
+                                                        else s["KC"] - 1))
+            if fla is not None:
+                fla_rows(s, c, fla, rec, label)
+            jax_rows(s, c, rec, args.small)
+            del c
+            free(cuda)
+    prefill_rows(s, dev, gen, fla, rec)
+    step_rows(s, dev, gen, rec)
+    header = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
+        "torch": torch.__version__, "triton": triton.__version__, "fla": _version("fla-core"),
+        "jax_triton": _version("jax-triton"), "shapes": {k: v for k, v in s.items()},
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "ceiling": ceiling,
+        "timer": "triton.testing.do_bench_cudagraph (median device time of a CUDA-graph "
+                 "replay); ours_jax: GPU busy time from a jax.profiler trace",
+    }
+    return {"header": header, "records": records}
+
+
+def fla_rows(s, c: Case, fla, rec, label: str) -> None:
+    fused, _, conv_update = fla
+    B, T = c.B, c.T
+    h0 = c.pool[1].index_select(0, c.rb).contiguous()  # [B, HV, V, K]: state_v_first layout
+
+    def fla_gdn(h):
+        return fused(q=c.q[None], k=c.k[None], v=c.v[None], g=c.a[None], beta=c.b[None],
+                     initial_state=h, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                     use_gate_in_kernel=True, A_log=c.A_log, dt_bias=c.dt_bias,
+                     use_beta_sigmoid_in_kernel=True, state_v_first=True, cu_seqlens=c.cu)
+
+    o, ht = fla_gdn(h0)
+    want_o, want_h = c.gdn_ref(0)
+    check(f"fla gdn {label} B={B}", o[0, :T], want_o, 2e-2)
+    check(f"fla gdn final state {label} B={B}", ht[0], want_h[-1], 2e-2)
+    note = "final state only" if c.spec else ""
+    rec("gdn", "fla", B, T, lambda: fla_gdn(h0), state_bytes(s, B, 1), note)
+    last = c.wbs[:, T - 1] if c.spec else c.wb
+
+    def pooled():
+        _, h = fla_gdn(c.pool[1].index_select(0, c.rb))
+        c.pool[1].index_copy_(0, last, h)
+
+    rec("gdn", "fla_pooled", B, T, pooled, state_bytes(s, B, 1), note)
+    if c.spec:  # fla's conv update takes one token per sequence
+        return
+    K = s["KC"]
+    cache = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
+    cache[:, :, 1:] = c.cpool[1, c.rb, :, :K - 1]
+    saved = cache.clone()
+    y, _ = conv_update(x=c.x, cache=cache, weight=c.w, bias=None, activation="silu")
+    check(f"fla conv {label} B={B}", y[:1], c.conv_ref(0), 2e-2)
+    cache.copy_(saved)
+    rec("conv", "fla", B, T, lambda: conv_update(x=c.x, cache=cache, weight=c.w, bias=None,
+                                                 activation="silu"),
+        conv_bytes(s, B, K - 1))
+
+    def conv_pooled():
+        cc = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
+        cc[:, :, 1:] = c.cpool[1, c.rb, :, :K - 1]
+        conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
+        c.cpool[1, c.wb, :, :K - 1] = cc[:, :, 1:]
+
+    rec("conv", "fla_pooled", B, T, conv_pooled, conv_bytes(s, B, K - 1))
+
+
+def jax_rows(s, c: Case, rec, small: bool) -> None:
+    """ours_jax: the same launches jitted with the pools donated (GPU only)."""
+    if not torch.cuda.is_available():
+        return
+    import jax
+    import jax.numpy as jnp
+
+    from jax_device_time import device_ms
+    from mamba_align.backends.jax import ops as jops
+    def J(t):  # noqa: N802
+        if t.dtype == torch.bfloat16:
+            return jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16)
+        return jnp.asarray(t.cpu().numpy())
+
+    arrays = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, c.rb, c.wbs,
+                             c.is_spec)]
+    gdn = jax.jit(lambda p, e: tuple(jops.gated_delta_rule_fused_gates(
+        p, e, *arrays, layer=1, use_qk_l2norm=True)[n] for n in ("pool", "errors")),
+        donate_argnums=(0, 1))
+    ms, _, _ = device_ms(lambda pe: gdn(*pe), (J(c.pool), jnp.zeros(2, jnp.int32)))
+    T = c.T
+    rec("gdn", "ours_jax", c.B, T, None, state_bytes(s, c.B, T if c.spec else 1), ms=ms)
+    carrays = [J(x) for x in (c.x, c.w, c.cb, c.cu, c.rb, c.off, c.wb, c.is_spec)]
+    conv = jax.jit(lambda p, e: tuple(jops.conv1d_update(
+        p, e, *carrays, layer=1, layout="DS")[n] for n in ("pool", "errors")),
+        donate_argnums=(0, 1))
+    ms, _, _ = device_ms(lambda pe: conv(*pe), (J(c.cpool), jnp.zeros(2, jnp.int32)))
+    rec("conv", "ours_jax", c.B, T, None,
+        conv_bytes(s, c.B, T + s["KC"] - 2 if c.spec else s["KC"] - 1), ms=ms)
+
+
+def prefill_rows(s, dev, gen, fla, rec) -> None:
+    """One non-spec row of ``prefill`` tokens, given gates: ours against fla's fused
+    recurrent and chunked kernels."""
+    T = s["prefill"]
+    c = Case(s, 1, T, False, dev, gen)
+    A = torch.exp(c.A_log)
+    g = (-A * torch.nn.functional.softplus(c.a.float() + c.dt_bias)).contiguous()
+    beta = torch.sigmoid(c.b.float()).to(torch.bfloat16)
+
+    def ours():
+        return tops.gated_delta_rule_(c.pool, c.errors, c.q, c.k, c.v, g, beta, c.cu, c.rb,
+                                      c.wbs, c.is_spec, layer=1, use_qk_l2norm=True)["o"]
+
+    o = ours()
+    if fla is not None:
+        fused, chunk, _ = fla
+        h0 = c.pool[1].index_select(0, c.rb).contiguous()
+        kw = dict(q=c.q[None], k=c.k[None], v=c.v[None], g=g[None], beta=beta[None],
+                  initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+                  state_v_first=True, cu_seqlens=c.cu)
+        for name, f in (("fla", fused), ("fla_chunk", chunk)):
+            of, _ = f(**kw)
+            check(f"{name} prefill vs ours", of[0], np32(o), 5e-2)
+            rec("prefill", name, 1, T, lambda f=f: f(**kw), state_bytes(s, 1, 1))
+    rec("prefill", "ours", 1, T, ours, state_bytes(s, 1, 1))
+
+
+def step_rows(s, dev, gen, rec) -> None:
+    """Pre-copy against copy-free for B crossing decode rows: the pre-copy moves each row's
+    state (and its conv window) from its old block into the new window's block, then the
+    kernels read there; copy-free reads the old block directly."""
+    for B in s["batches"]:
+        c = Case(s, B, 1, False, dev, gen)
+        zero = torch.zeros(B, dtype=torch.int64, device=dev)
+
+        def kernels(read):
+            tops.gated_delta_rule_fused_gates_(
+                c.pool, c.errors, c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, read,
+                c.wbs, c.is_spec, layer=1, use_qk_l2norm=True)
+            tops.conv1d_update_(c.cpool, c.errors, c.x, c.w, c.cb, c.cu, read, zero, c.wb,
+                                c.is_spec, layer=1, layout="DS")
+
+        def pre_copy():
+            tops.copy_temporal_(c.pool, c.rb, c.wb)
+            tops.copy_conv_(c.cpool, c.rb, c.wb, zero, layout="DS")
+            kernels(c.wb)
+
+        n = state_bytes(s, B, 1) + conv_bytes(s, B, s["KC"] - 1)
+        rec("step", "pre_copy", B, 1, pre_copy, n, "copies + kernels")
+        rec("step", "copy_free", B, 1, lambda: kernels(c.rb), n, "kernels only")
+        del c
+        free(torch.cuda.is_available())
+
+
+def _version(dist: str) -> Optional[str]:
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def table(data: Dict[str, Any]) -> str:
+    ceil = data["header"]["ceiling"]["tbps"]
+    lines = [f"Copy ceiling (device-to-device, same run): {ceil:.2f} TB/s", "",
+             "| op | method | B | T | µs | state TB/s | % of ceiling | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in data["records"]:
+        lines.append(f"| {r['op']} | {r['method']} | {r['batch']} | {r['tokens_per_row']} | "
+                     f"{r['ms'] * 1e3:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / ceil:.0f}% | "
+                     f"{r['note']} |")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes")
+    args = ap.parse_args(argv)
+    data = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "recurrent_h200.json").write_text(json.dumps(data, indent=1) + "\n")
+    (args.out / "recurrent_h200.md").write_text(table(data) + "\n")
+    print(table(data))
+
+
+if __name__ == "__main__":
+    main()
