@@ -1,0 +1,21 @@
+"""The recurrent benchmark's CPU smoke run (``--small``, Triton's interpreter): it runs,
+checks our kernels against the reference before timing, and writes its records."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_small_run_writes_every_op(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_recurrent.py"), "--small",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "recurrent_h200.json").read_text())
+    seen = {(x["op"], x["method"]) for x in data["records"]}
+    assert {("gdn", "ours"), ("conv", "ours"), ("prefill", "ours"), ("step", "pre_copy"),
+            ("step", "copy_free")} <= seen
+    assert all(x["ms"] > 0 for x in data["records"])
+    assert (tmp_path / "recurrent_h200.md").read_text().startswith("Copy ceiling")
