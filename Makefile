@@ -44,6 +44,7 @@ gpu-setup:
 	if ls .whl/*.whl >/dev/null 2>&1; then python3 -m pip install -q --no-index --no-deps \
 	  --no-compile --no-cache-dir --upgrade --target $(SITE) .whl/*.whl; fi
 	python3 -c "import jax, jax_triton; print('jax', jax.__version__, jax.default_backend(), 'jax-triton', jax_triton.__version__)"
+	python3 -c "import einops, fla; print('fla', fla.__version__)"
 	mkdir -p $(OUT)
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
 

@@ -33,9 +33,11 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
+os.environ.setdefault("FLA_FLASH_QLA", "0")  # fla's own Triton kernels, not an add-on package
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import sys
@@ -58,9 +60,11 @@ from mamba_align.core.gdn_ref import gated_delta_rule_ref  # noqa: E402
 
 def shapes(small: bool) -> Dict[str, Any]:
     if small:
-        return dict(H=1, HV=2, K=16, V=16, D=32, KC=4, S=3, L=2, batches=(1, 2), prefill=8)
+        return dict(H=1, HV=2, K=16, V=16, D=32, KC=4, S=3, L=2, batches=(1, 2), prefill=8,
+                    rotate=4 << 10)
+    # rotate: state bytes read before a group of blocks comes round again (> the 50 MB L2)
     return dict(H=16, HV=32, K=128, V=128, D=8192, KC=4, S=3, L=2, batches=(1, 16, 64, 256),
-                prefill=2048)
+                prefill=2048, rotate=256 << 20)
 
 
 def load_fla():
@@ -85,20 +89,30 @@ def check(name: str, got: torch.Tensor, want: np.ndarray, tol: float) -> None:
 
 
 class Case:
-    """One batch of GDN rows (and their conv), with distinct read and write blocks."""
+    """One batch of GDN rows (and their conv), with distinct read and write blocks.
+
+    Disjoint groups of blocks (enough that a group's state is read again only after
+    ``s["rotate"]`` bytes of other state), which the timed functions cycle through (``turn``):
+    replayed calls would otherwise find the state of small batches in the L2 cache."""
 
     def __init__(self, s: Dict[str, Any], B: int, T: int, spec: bool, dev: torch.device,
                  gen: torch.Generator):
         self.B, self.T, self.spec = B, T, spec
         H, HV, K, V, D, KC, S, L = (s[n] for n in ("H", "HV", "K", "V", "D", "KC", "S", "L"))
         n = B * T
-        self.nb = 2 + B * (2 + S)
-        ids = torch.randperm(self.nb - 1, generator=gen)[: B * (2 + S)].to(dev) + 1
-        self.rb = ids[:B].contiguous()
-        self.wbs = ids[B:].view(B, 1 + S).contiguous()
-        if not spec:
-            self.wbs[:, 1:] = -1
-        self.wb = self.wbs[:, 0].contiguous()
+        block = HV * V * K * 4
+        self.nsets = max(1, math.ceil(s["rotate"] / (B * block)))
+        per = B * (2 + S)
+        self.nb = 2 + self.nsets * per
+        ids = (torch.randperm(self.nb - 1, generator=gen)[: self.nsets * per] + 1).to(dev)
+        self.sets = []
+        for i in range(self.nsets):
+            g = ids[i * per:(i + 1) * per]
+            wbs = g[B:].view(B, 1 + S).clone()
+            if not spec:
+                wbs[:, 1:] = -1
+            self.sets.append((g[:B].contiguous(), wbs, wbs[:, 0].contiguous()))
+        self.cur = 0
         self.cu = torch.arange(0, n + 1, T, device=dev)
         self.is_spec = torch.full((B,), int(spec), device=dev)
         bf = torch.bfloat16
@@ -107,13 +121,40 @@ class Case:
         self.a, self.b = r(n, HV), r(n, HV)
         self.A_log, self.dt_bias = r(HV, dt=torch.float32) * 0.5, r(HV, dt=torch.float32)
         self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev)
-        self.pool[1, self.rb] = r(B, HV, V, K, dt=torch.float32) * 0.1
         self.x, self.w = r(n, D), r(D, KC)
         self.cb = torch.zeros(D, device=dev, dtype=bf)
         self.cpool = torch.zeros((L, self.nb, D, KC - 1 + S), device=dev, dtype=bf)
-        self.cpool[1, self.rb] = r(B, D, KC - 1 + S)
+        for rb, _, _ in self.sets:
+            self.pool[:, rb] = r(L, B, HV, V, K, dt=torch.float32) * 0.1
+            self.cpool[:, rb] = r(L, B, D, KC - 1 + S)
         self.off = torch.zeros(B, dtype=torch.int64, device=dev)
-        self.errors = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=dev)  # clear
+
+    @property
+    def rb(self) -> torch.Tensor:
+        return self.sets[self.cur][0]
+
+    @property
+    def wbs(self) -> torch.Tensor:
+        return self.sets[self.cur][1]
+
+    @property
+    def wb(self) -> torch.Tensor:
+        return self.sets[self.cur][2]
+
+    def turn(self) -> None:
+        self.cur = (self.cur + 1) % self.nsets
+
+    def timed(self, fn: Callable[[], Any]) -> Callable[[], Any]:
+        """``fn`` on the next group of blocks at every call (also while captured)."""
+        def call():
+            self.turn()
+            return fn()
+        return call
+
+    def assert_clean(self, what: str) -> None:
+        if self.errors.tolist() != [0, 2**31 - 1]:
+            raise SystemExit(f"{what}: the kernels flagged faults {self.errors.tolist()}")
 
     # -- ours ---------------------------------------------------------------------------
     def gdn(self):
@@ -160,6 +201,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     dev = torch.device("cuda" if cuda else "cpu")
     s = shapes(args.small)
     fla = load_fla() if cuda else None
+    if cuda and fla is None and not args.small:
+        raise SystemExit("fla-core is needed for the baselines (the .whl/ wheels, make gpu-setup)")
     gen = torch.Generator().manual_seed(0)
     records: List[Dict[str, Any]] = []
 
@@ -175,16 +218,20 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     for T, spec, label in ((1, False, "decode"), (1 + s["S"], True, "spec")):
         for B in s["batches"]:
             c = Case(s, B, T, spec, dev, gen)
-            o = c.gdn()
-            want_o, want_h = c.gdn_ref(0)
-            check(f"ours gdn {label} B={B}", o[:T], want_o, 2e-2)
-            check(f"ours gdn state {label} B={B}",
-                  c.pool[1, c.wbs[0, :want_h.shape[0]]], want_h, 2e-2)
-            rec("gdn", "ours", B, T, c.gdn, state_bytes(s, B, T if spec else 1))
-            y = c.conv()
-            check(f"ours conv {label} B={B}", y[:T], c.conv_ref(0), 2e-2)
-            rec("conv", "ours", B, T, c.conv, conv_bytes(s, B, T + s["KC"] - 2 if spec
-                                                        else s["KC"] - 1))
+            o, y = c.gdn(), c.conv()
+            for row in sorted({0, B - 1}):
+                want_o, want_h = c.gdn_ref(row)
+                t0 = row * T
+                check(f"ours gdn {label} B={B} row {row}", o[t0:t0 + T], want_o, 2e-2)
+                check(f"ours gdn state {label} B={B} row {row}",
+                      c.pool[1, c.wbs[row, :want_h.shape[0]]], want_h, 2e-2)
+                check(f"ours conv {label} B={B} row {row}", y[t0:t0 + T], c.conv_ref(row), 2e-2)
+            c.assert_clean(f"ours {label} B={B}")
+            rec("gdn", "ours", B, T, c.timed(c.gdn), state_bytes(s, B, T if spec else 1))
+            rec("conv", "ours", B, T, c.timed(c.conv), conv_bytes(s, B, T + s["KC"] - 2 if spec
+                                                                  else s["KC"] - 1))
+            c.assert_clean(f"ours {label} B={B}, timed")
+            c.cur = 0
             if fla is not None:
                 fla_rows(s, c, fla, rec, label)
             jax_rows(s, c, rec, args.small)
@@ -207,7 +254,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     fused, _, conv_update = fla
     B, T = c.B, c.T
-    h0 = c.pool[1].index_select(0, c.rb).contiguous()  # [B, HV, V, K]: state_v_first layout
+    h0s = [c.pool[1].index_select(0, rb).contiguous()  # [B, HV, V, K]: state_v_first
+           for rb, _, _ in c.sets]
+    h0 = h0s[0]
 
     def fla_gdn(h):
         return fused(q=c.q[None], k=c.k[None], v=c.v[None], g=c.a[None], beta=c.b[None],
@@ -220,14 +269,13 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     check(f"fla gdn {label} B={B}", o[0, :T], want_o, 2e-2)
     check(f"fla gdn final state {label} B={B}", ht[0], want_h[-1], 2e-2)
     note = "final state only" if c.spec else ""
-    rec("gdn", "fla", B, T, lambda: fla_gdn(h0), state_bytes(s, B, 1), note)
-    last = c.wbs[:, T - 1] if c.spec else c.wb
+    rec("gdn", "fla", B, T, c.timed(lambda: fla_gdn(h0s[c.cur])), state_bytes(s, B, 1), note)
 
     def pooled():
         _, h = fla_gdn(c.pool[1].index_select(0, c.rb))
-        c.pool[1].index_copy_(0, last, h)
+        c.pool[1].index_copy_(0, c.wbs[:, T - 1] if c.spec else c.wb, h)
 
-    rec("gdn", "fla_pooled", B, T, pooled, state_bytes(s, B, 1), note)
+    rec("gdn", "fla_pooled", B, T, c.timed(pooled), state_bytes(s, B, 1), note)
     if c.spec:  # fla's conv update takes one token per sequence
         return
     K = s["KC"]
@@ -239,7 +287,7 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     cache.copy_(saved)
     rec("conv", "fla", B, T, lambda: conv_update(x=c.x, cache=cache, weight=c.w, bias=None,
                                                  activation="silu"),
-        conv_bytes(s, B, K - 1))
+        conv_bytes(s, B, K - 1), "one contiguous cache")
 
     def conv_pooled():
         cc = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
@@ -247,7 +295,7 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
         conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
         c.cpool[1, c.wb, :, :K - 1] = cc[:, :, 1:]
 
-    rec("conv", "fla_pooled", B, T, conv_pooled, conv_bytes(s, B, K - 1))
+    rec("conv", "fla_pooled", B, T, c.timed(conv_pooled), conv_bytes(s, B, K - 1))
 
 
 def jax_rows(s, c: Case, rec, small: bool) -> None:
@@ -264,21 +312,42 @@ def jax_rows(s, c: Case, rec, small: bool) -> None:
             return jnp.asarray(t.float().cpu().numpy()).astype(jnp.bfloat16)
         return jnp.asarray(t.cpu().numpy())
 
-    arrays = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, c.rb, c.wbs,
-                             c.is_spec)]
-    gdn = jax.jit(lambda p, e: tuple(jops.gated_delta_rule_fused_gates(
-        p, e, *arrays, layer=1, use_qk_l2norm=True)[n] for n in ("pool", "errors")),
-        donate_argnums=(0, 1))
-    ms, _, _ = device_ms(lambda pe: gdn(*pe), (J(c.pool), jnp.zeros(2, jnp.int32)))
-    T = c.T
-    rec("gdn", "ours_jax", c.B, T, None, state_bytes(s, c.B, T if c.spec else 1), ms=ms)
-    carrays = [J(x) for x in (c.x, c.w, c.cb, c.cu, c.rb, c.off, c.wb, c.is_spec)]
-    conv = jax.jit(lambda p, e: tuple(jops.conv1d_update(
-        p, e, *carrays, layer=1, layout="DS")[n] for n in ("pool", "errors")),
-        donate_argnums=(0, 1))
-    ms, _, _ = device_ms(lambda pe: conv(*pe), (J(c.cpool), jnp.zeros(2, jnp.int32)))
-    rec("conv", "ours_jax", c.B, T, None,
-        conv_bytes(s, c.B, T + s["KC"] - 2 if c.spec else s["KC"] - 1), ms=ms)
+    T, B = c.T, c.B
+    rbs = jnp.stack([J(rb) for rb, _, _ in c.sets])
+    wbss = jnp.stack([J(wbs) for _, wbs, _ in c.sets])
+    wb0 = wbss[:, :, 0]
+    gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu)]
+    conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu)]
+    spec, off = J(c.is_spec), J(c.off)
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def gdn(carry, q, k, v, a, b, A_log, dt_bias, cu):  # noqa: N803
+        p, e, i = carry  # the i-th group of blocks, as the torch rows cycle
+        out = jops.gated_delta_rule_fused_gates(p, e, q, k, v, a, b, A_log, dt_bias, cu,
+                                                rbs[i % c.nsets], wbss[i % c.nsets], spec,
+                                                layer=1, use_qk_l2norm=True)
+        return (out["pool"], out["errors"], i + 1), out["o"]
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def conv(carry, x, w, cb, cu):
+        p, e, i = carry
+        out = jops.conv1d_update(p, e, x, w, cb, cu, rbs[i % c.nsets], off, wb0[i % c.nsets],
+                                 spec, layer=1, layout="DS")
+        return (out["pool"], out["errors"], i + 1), out["y"]
+
+    for name, fn, pool, args, ref in (("gdn", gdn, c.pool, gdn_in, lambda: c.gdn_ref(0)[0]),
+                                      ("conv", conv, c.cpool, conv_in, lambda: c.conv_ref(0))):
+        carry = (J(pool), jnp.asarray(np.array([0, 2**31 - 1], np.int32)), jnp.int32(0))
+        carry, out = fn(carry, *args)
+        check(f"ours_jax {name} B={B}", torch.as_tensor(np.asarray(out[:T], np.float32)),
+              ref(), 2e-2)
+        ms, carry, _ = device_ms(lambda cr: fn(cr, *args)[0], carry)
+        if np.asarray(carry[1]).tolist() != [0, 2**31 - 1]:
+            raise SystemExit(f"ours_jax {name} B={B}: faults {np.asarray(carry[1]).tolist()}")
+        nbytes = (state_bytes(s, B, T if c.spec else 1) if name == "gdn" else
+                  conv_bytes(s, B, T + s["KC"] - 2 if c.spec else s["KC"] - 1))
+        rec(name, "ours_jax", B, T, None, nbytes, "profiler busy time", ms=ms)
+        del carry
 
 
 def prefill_rows(s, dev, gen, fla, rec) -> None:
@@ -295,6 +364,8 @@ def prefill_rows(s, dev, gen, fla, rec) -> None:
                                       c.wbs, c.is_spec, layer=1, use_qk_l2norm=True)["o"]
 
     o = ours()
+    check("ours prefill", o, c.gdn_ref(0)[0], 5e-2)  # the reference's gates: beta unrounded
+    note = "state bytes only (q/k/v/o traffic dominates)"
     if fla is not None:
         fused, chunk, _ = fla
         h0 = c.pool[1].index_select(0, c.rb).contiguous()
@@ -304,33 +375,39 @@ def prefill_rows(s, dev, gen, fla, rec) -> None:
         for name, f in (("fla", fused), ("fla_chunk", chunk)):
             of, _ = f(**kw)
             check(f"{name} prefill vs ours", of[0], np32(o), 5e-2)
-            rec("prefill", name, 1, T, lambda f=f: f(**kw), state_bytes(s, 1, 1))
-    rec("prefill", "ours", 1, T, ours, state_bytes(s, 1, 1))
+            rec("prefill", name, 1, T, lambda f=f: f(**kw), state_bytes(s, 1, 1), note)
+    rec("prefill", "ours", 1, T, ours, state_bytes(s, 1, 1), note)
+    c.assert_clean("prefill")
 
 
 def step_rows(s, dev, gen, rec) -> None:
-    """Pre-copy against copy-free for B crossing decode rows: the pre-copy moves each row's
-    state (and its conv window) from its old block into the new window's block, then the
-    kernels read there; copy-free reads the old block directly."""
+    """Pre-copy against copy-free for B crossing decode rows, over all ``L`` layers as a
+    step runs them: the pre-copy moves each row's state (and its conv window) from its old
+    block into the new window's block in every layer (one launch per pool), then the
+    kernels of each layer read there; copy-free reads the old block directly."""
+    L = s["L"]
     for B in s["batches"]:
         c = Case(s, B, 1, False, dev, gen)
         zero = torch.zeros(B, dtype=torch.int64, device=dev)
 
         def kernels(read):
-            tops.gated_delta_rule_fused_gates_(
-                c.pool, c.errors, c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, read,
-                c.wbs, c.is_spec, layer=1, use_qk_l2norm=True)
-            tops.conv1d_update_(c.cpool, c.errors, c.x, c.w, c.cb, c.cu, read, zero, c.wb,
-                                c.is_spec, layer=1, layout="DS")
+            for layer in range(L):
+                tops.gated_delta_rule_fused_gates_(
+                    c.pool, c.errors, c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, read,
+                    c.wbs, c.is_spec, layer=layer, use_qk_l2norm=True)
+                tops.conv1d_update_(c.cpool, c.errors, c.x, c.w, c.cb, c.cu, read, zero, c.wb,
+                                    c.is_spec, layer=layer, layout="DS")
 
         def pre_copy():
             tops.copy_temporal_(c.pool, c.rb, c.wb)
             tops.copy_conv_(c.cpool, c.rb, c.wb, zero, layout="DS")
             kernels(c.wb)
 
-        n = state_bytes(s, B, 1) + conv_bytes(s, B, s["KC"] - 1)
-        rec("step", "pre_copy", B, 1, pre_copy, n, "copies + kernels")
-        rec("step", "copy_free", B, 1, lambda: kernels(c.rb), n, "kernels only")
+        n = L * (state_bytes(s, B, 1) + conv_bytes(s, B, s["KC"] - 1))
+        rec("step", "pre_copy", B, 1, c.timed(pre_copy), n, f"{L} layers: copies + kernels")
+        rec("step", "copy_free", B, 1, c.timed(lambda: kernels(c.rb)), n,
+            f"{L} layers: kernels only")
+        c.assert_clean(f"step B={B}")
         del c
         free(torch.cuda.is_available())
 
@@ -345,7 +422,8 @@ def _version(dist: str) -> Optional[str]:
 
 def table(data: Dict[str, Any]) -> str:
     ceil = data["header"]["ceiling"]["tbps"]
-    lines = [f"Copy ceiling (device-to-device, same run): {ceil:.2f} TB/s", "",
+    lines = [f"Copy ceiling (device-to-device, same run): {ceil:.2f} TB/s. torch rows: CUDA-graph "
+             "replay time; ours_jax: profiler busy time (no gaps between kernels).", "",
              "| op | method | B | T | µs | state TB/s | % of ceiling | note |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in data["records"]:

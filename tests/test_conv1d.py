@@ -157,7 +157,8 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     from mamba_align.backends.torch import ops as tops
     rng = np.random.default_rng(12)
     pool, x, w, cb = inputs(rng, 16, np.float32, "DS")
-    T = torch.as_tensor
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels need CUDA tensors
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
 
     def call(p, *arrays):
         return tops.conv1d_update_(p, *arrays, layer=1, layout="DS")["y"]

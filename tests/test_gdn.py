@@ -176,7 +176,8 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     from mamba_align.backends.torch import ops as tops
     rng = np.random.default_rng(11)
     pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
-    T = torch.as_tensor
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels need CUDA tensors
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
 
     def call(p, *arrays):
         return tops.gated_delta_rule_(p, *arrays, layer=1)["o"]
