@@ -313,6 +313,7 @@ def jax_rows(s, c: Case, rec, small: bool) -> None:
         return jnp.asarray(t.cpu().numpy())
 
     T, B = c.T, c.B
+    c.cur = 0  # the first group of blocks, as the JAX calls below start with
     rbs = jnp.stack([J(rb) for rb, _, _ in c.sets])
     wbss = jnp.stack([J(wbs) for _, wbs, _ in c.sets])
     wb0 = wbss[:, :, 0]

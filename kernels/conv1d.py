@@ -1,12 +1,12 @@
 """Causal conv1d update with separate read and write blocks (docs/semantics.md §4, "Causal
 conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv1d_update_ref`.
 
-One program per (row, channel tile), both on grid axis 0. A program reads the row's
-history from its read block at its read offset, computes ``y`` for the row's tokens in
-tiles of ``BLOCK_T`` tokens (fp32, the ``K`` taps summed in order, then the conv bias:
-the same order whatever the batch, so a row's bits do not depend on it), then loads the
-new window completely and only then, after a barrier, stores it to the write block (which
-may be the read block).
+One program per (row, channel tile), both on grid axis 0. A program first loads the row's
+new window (from its read block at its read offset and from ``x``), then computes ``y``
+for the row's tokens in tiles of ``BLOCK_T`` tokens (fp32, the ``K`` taps summed in order,
+then the conv bias: the same order whatever the batch or tile, so a row's bits do not
+depend on them), and only then, after a barrier, stores the window to the write block
+(which may be the read block).
 """
 
 from __future__ import annotations
@@ -19,12 +19,16 @@ import triton.language as tl
 from ..core.conv1d_ref import ACTIVATIONS
 from .bookkeeping import check_errors
 from .copy import check_layout
+from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, next_pow2, pool_scalars)
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row,
                    seqlens_fault)
 
-BLOCK_T = 16  # tokens per tile: fixed, never from the batch (batch invariance)
+MAX_BLOCK_T = 16  # tokens per tile at most
+MAX_TILE_D = 256  # channels per program at most (in batches of SMALL_BATCH rows or more)
+SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -38,20 +42,22 @@ def _window_at(pool_ptr, base, pos, d, width, dim, mask, LAYOUT_DS: tl.constexpr
 
 
 @triton.jit
-def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, width, dim, x_stride, has_hist, mask,
-             K: tl.constexpr, LAYOUT_DS: tl.constexpr):
+def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, width, dim, x_stride, num_tokens, has_hist,
+             mask, K: tl.constexpr, LAYOUT_DS: tl.constexpr):
     """Rows ``i`` of ``full = history ++ x`` (``K - 1`` history rows, then the row's
     tokens from ``t0``), fp32 ``[len(i), TILE_D]``; the history is zero without a read
-    block."""
+    block. Only rows of ``x`` inside ``[0, num_tokens)`` are read, so the window can be
+    loaded before the row's ids are checked."""
     hist = i < K - 1
     h = _window_at(pool_ptr, rbase, off + i, d, width, dim,
                    mask & hist[:, None] & has_hist, LAYOUT_DS)
-    xo = (t0 + i - (K - 1)).to(tl.int64) * x_stride
-    xv = tl.load(x_ptr + xo[:, None] + d[None, :], mask=mask & ~hist[:, None], other=0)
+    xr = t0 + i - (K - 1)
+    xv = tl.load(x_ptr + (xr * x_stride)[:, None] + d[None, :],
+                 mask=mask & (~hist & (xr >= 0) & (xr < num_tokens))[:, None], other=0)
     return tl.where(hist[:, None], h, xv.to(tl.float32))
 
 
-@triton.jit
+@same_binary_jit
 def conv1d_update_kernel(
     pool_in_ptr,  # aliased with pool_ptr: read and written through pool_ptr
     errors_in_ptr,
@@ -103,7 +109,15 @@ def conv1d_update_kernel(
     d = tile * TILE_D + tl.arange(0, TILE_D).to(tl.int64)
     dmask = (d < dim)[None, :]
     rbase = layer_offset + rb * block_stride
-    has_hist = rb >= 0
+    # reads stay inside the read block whatever the ids: the window below is loaded before
+    # the row's checks are known (no round trip for them), and stored only if it is clean
+    has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= width - K + 1)
+    # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c
+    c = tl.where(spec, n, 1)
+    i = tl.arange(0, W_PAD).to(tl.int64)
+    keep = (i < K - 2 + c)[:, None] & dmask & (n > 0) & (wb >= 0)
+    new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, width, dim, x_stride,
+                   num_tokens, has_hist, keep, K, LAYOUT_DS)
     if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's y is 0
         for start in range(0, n, BLOCK_T):
             t = start + tl.arange(0, BLOCK_T).to(tl.int64)
@@ -120,18 +134,13 @@ def conv1d_update_kernel(
             for k in tl.static_range(K):  # y[t] = sum_k w[:, k] * full[t + k], k in order
                 wk = tl.load(weight_ptr + d * w_stride + k, mask=d < dim, other=0).to(tl.float32)
                 acc += wk[None, :] * _full_at(pool_ptr, x_ptr, rbase, off, t0, t + k, d, width,
-                                              dim, x_stride, has_hist, tmask, K, LAYOUT_DS)
+                                              dim, x_stride, num_tokens, has_hist, tmask, K,
+                                              LAYOUT_DS)
             acc += cb[None, :]
             if SILU:
                 acc = acc * tl.sigmoid(acc)
             tl.store(y_ptr + (t0 + t)[:, None] * dim + d[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=tmask)
-        # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c
-        c = tl.where(spec, n, 1)
-        i = tl.arange(0, W_PAD).to(tl.int64)
-        keep = (i < K - 2 + c)[:, None] & dmask & (n > 0) & (wb >= 0)
-        new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, width, dim, x_stride,
-                       has_hist, keep, K, LAYOUT_DS)
         tl.debug_barrier()  # every load of the window before any store: wb may be rb
         wbase = layer_offset + wb * block_stride
         if LAYOUT_DS:
@@ -141,9 +150,19 @@ def conv1d_update_kernel(
         tl.store(pool_ptr + w_offs, new.to(pool_ptr.dtype.element_ty), mask=keep)
 
 
-def conv_tile(dim: int) -> int:
-    """Channels per program: up to 256 (a [16, 256] fp32 tile per tap)."""
-    return min(256, next_pow2(max(dim, 16)))
+def conv_tile(dim: int, num_rows: int) -> int:
+    """Channels per program: up to :data:`MAX_TILE_D`, half that in batches of fewer than
+    :data:`SMALL_BATCH` rows (a shorter program: lower latency where the GPU is not full).
+    Every output is its own sum of the taps in order, so the tile changes no bits."""
+    cap = MAX_TILE_D if num_rows >= SMALL_BATCH else max(16, MAX_TILE_D // 2)
+    return min(cap, next_pow2(max(dim, 16)))
+
+
+def token_tile(num_tokens: int, num_rows: int) -> int:
+    """Tokens per tile: the mean row length, as a power of two, at most :data:`MAX_BLOCK_T`
+    (1 in a decode batch). Each output is its own sum of the taps in order, so the tile
+    changes no bits: a row gives the same ``y`` in any batch."""
+    return min(MAX_BLOCK_T, next_pow2(max(1, cdiv(num_tokens, max(1, num_rows)))))
 
 
 @functools.lru_cache(maxsize=256, typed=True)
@@ -178,7 +197,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     ("write_block", write_block)):
         check_array(name, a, (rows,))
     check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
-    tile = conv_tile(dim)
+    tile = conv_tile(dim, rows)
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,
@@ -193,8 +212,9 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         outputs=("y", "pool", "errors"),
         out_specs={"y": Output(x.shape, x.dtype)},
         constexprs={"K": ksize, "W_PAD": next_pow2(width),
-                    "TILE_D": tile, "BLOCK_T": BLOCK_T, "LAYOUT_DS": layout == "DS",
+                    "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu"},
+        num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )

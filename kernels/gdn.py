@@ -11,18 +11,22 @@ otherwise. Tiles never depend on the batch, so a row's bits do not either.
 from __future__ import annotations
 
 import functools
+import math
 
 import triton
 import triton.language as tl
 
 from .bookkeeping import check_errors
+from .copy import pool_align
+from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, next_pow2, pool_scalars)
 from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row, seqlens_fault
 
 STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
-BV = 32  # value rows per program (fixed: batch invariance)
+BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
+NUM_WARPS = 1
 
 
 @triton.jit
@@ -66,6 +70,7 @@ def _gdn(
     LAYOUT_KV: tl.constexpr,
     FUSED_GATES: tl.constexpr,
     L2NORM: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
@@ -80,12 +85,6 @@ def _gdn(
     jw = tl.arange(0, WIN_PAD)
     used = (jw < WIN) & (jw < tl.where(spec, n, 1))
     wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=used, other=-1).to(tl.int64)
-    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
-    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
-    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
-    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
-    if (i_hv == 0) & (i_v == 0):
-        flag_row(errors_ptr, row, fault)
 
     kk = tl.arange(0, BK).to(tl.int64)
     vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
@@ -95,49 +94,73 @@ def _gdn(
         h_offs = kk[None, :] * V + vv[:, None]
     else:  # [V, K]
         h_offs = vv[:, None] * K + kk[None, :]
+    if ALIGN > 1:  # see same_binary_jit: the plan, not the launcher, states the alignment
+        block_stride = tl.multiple_of(block_stride, ALIGN)
+        head = tl.multiple_of(layer_offset + i_hv * tl.multiple_of(head_stride, ALIGN), ALIGN)
+    else:
+        head = layer_offset + i_hv * head_stride
+    # Everything the first token needs is loaded before the row's checks are known, so the
+    # checks add no round trip: every address is in bounds whatever the ids (the masks),
+    # and nothing is stored unless the row is clean.
+    h = tl.load(pool_ptr + head + rb * block_stride + h_offs,
+                mask=hmask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
+    if FUSED_GATES:
+        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+        dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+    q_at = q_ptr + i_h * qk_stride_h + kk
+    k_at = k_ptr + i_h * qk_stride_h + kk
+    v_at = v_ptr + i_hv * v_stride_h + vv
+    live = (t0 >= 0) & (t0 < num_tokens) & (n > 0)
+    q = tl.load(q_at + t0 * qk_stride_t, mask=kmask & live, other=0)
+    k = tl.load(k_at + t0 * qk_stride_t, mask=kmask & live, other=0)
+    v = tl.load(v_at + t0 * v_stride_t, mask=vmask & live, other=0)
+    ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
+    gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
+
+    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
+    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
+    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
+    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
+    if (i_hv == 0) & (i_v == 0):
+        flag_row(errors_ptr, row, fault)
     out_o = o_ptr + i_hv * V + vv
     if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's o is 0
         for t in range(t0, t1):
             tl.store(out_o + t * num_heads * V, tl.zeros((BV,), o_ptr.dtype.element_ty),
                      mask=vmask)
     if fault == 0:
-        head = layer_offset + i_hv * head_stride
-        h = tl.load(pool_ptr + head + rb * block_stride + h_offs, mask=hmask & (rb >= 0),
-                    other=0).to(tl.float32)
         tl.debug_barrier()  # the whole initial state is loaded before any store
-        if FUSED_GATES:
-            A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-            dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
         for j in range(0, n):
             t = t0 + j
-            q = tl.load(q_ptr + t * qk_stride_t + i_h * qk_stride_h + kk, mask=kmask,
-                        other=0).to(tl.float32)
-            k = tl.load(k_ptr + t * qk_stride_t + i_h * qk_stride_h + kk, mask=kmask,
-                        other=0).to(tl.float32)
-            v = tl.load(v_ptr + t * v_stride_t + i_hv * v_stride_h + vv, mask=vmask,
-                        other=0).to(tl.float32)
-            ga = tl.load(gate_a_ptr + t * gate_stride + i_hv).to(tl.float32)
-            gb = tl.load(gate_b_ptr + t * gate_stride + i_hv).to(tl.float32)
+            # the next token's inputs, loaded while this one computes
+            more = j + 1 < n
+            q_next = tl.load(q_at + (t + 1) * qk_stride_t, mask=kmask & more, other=0)
+            k_next = tl.load(k_at + (t + 1) * qk_stride_t, mask=kmask & more, other=0)
+            v_next = tl.load(v_at + (t + 1) * v_stride_t, mask=vmask & more, other=0)
+            ga_next = tl.load(gate_a_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
+            gb_next = tl.load(gate_b_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
+            qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
             if FUSED_GATES:
-                x = ga + dt_bias
+                x = ga.to(tl.float32) + dt_bias
                 g = -A * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
-                beta = tl.sigmoid(gb)
+                beta = tl.sigmoid(gb.to(tl.float32))
             else:
-                g = ga
-                beta = gb
+                g = ga.to(tl.float32)
+                beta = gb.to(tl.float32)
             if L2NORM:
-                q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6)
-                k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
-            q = q * scale
+                qf = qf / tl.sqrt(tl.sum(qf * qf, axis=0) + 1e-6)
+                kf = kf / tl.sqrt(tl.sum(kf * kf, axis=0) + 1e-6)
+            qf = qf * scale
             h = h * tl.exp(g)
-            u = beta * (v - tl.sum(h * k[None, :], axis=1))
-            h = h + u[:, None] * k[None, :]
-            o = tl.sum(h * q[None, :], axis=1)
+            u = beta * (vf - tl.sum(h * kf[None, :], axis=1))
+            h = h + u[:, None] * kf[None, :]
+            o = tl.sum(h * qf[None, :], axis=1)
             tl.store(out_o + t * num_heads * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
             if spec:  # candidate j: the state after j + 1 tokens
                 wj = tl.sum(tl.where(jw == j, wb, 0), axis=0)
                 tl.store(pool_ptr + head + wj * block_stride + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0))
+            q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
         w0 = tl.sum(tl.where(jw == 0, wb, 0), axis=0)
         if (~spec) & (n > 0):
             tl.store(pool_ptr + head + w0 * block_stride + h_offs,
@@ -146,7 +169,7 @@ def _gdn(
 
 # One kernel per op, each naming its parameters as its op's arrays (the launch ABI);
 # the body is _gdn, compiled with or without the in-kernel gates.
-@triton.jit
+@same_binary_jit
 def gated_delta_rule_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
@@ -186,16 +209,17 @@ def gated_delta_rule_kernel(
     WIN_PAD: tl.constexpr,
     LAYOUT_KV: tl.constexpr,
     L2NORM: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN)
 
 
-@triton.jit
+@same_binary_jit
 def gated_delta_rule_fused_gates_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
@@ -237,13 +261,14 @@ def gated_delta_rule_fused_gates_kernel(
     WIN_PAD: tl.constexpr,
     LAYOUT_KV: tl.constexpr,
     L2NORM: tl.constexpr,
+    ALIGN: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN)
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
@@ -287,6 +312,9 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         raise ValueError(f"scale must be a float >= 0 (0: K^-1/2), got {scale!r}")
     bv = min(BV, next_pow2(V))
     tiles = cdiv(V, bv)
+    # the state's alignment in elements, stated by the kernel (see same_binary_jit)
+    align = pool_align({"layer_stride": scal["layer_stride"],
+                        "block_stride": math.gcd(scal["block_stride"], pool.strides[2])})
     gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
     return LaunchPlan(
         kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,
@@ -305,7 +333,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
-                    "L2NORM": bool(use_qk_l2norm)},
+                    "L2NORM": bool(use_qk_l2norm), "ALIGN": align},
+        num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )

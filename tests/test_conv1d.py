@@ -9,6 +9,7 @@ import pytest
 from support import make_backend
 
 from mamba_align.core import Fault, new_errors
+from mamba_align.kernels import conv1d as kconv
 
 L, NB, K, S = 2, 9, 4, 2
 W = K - 1 + S
@@ -86,6 +87,28 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
                                                layout="SD")
     np.testing.assert_array_equal(y1, y[t0:t1])
     np.testing.assert_array_equal(out1[1, WB[3]], out[1, WB[3]])
+
+
+def test_the_tiles_change_no_bits(device_backend):
+    # a batch of SMALL_BATCH rows gets twice the channels per program of a row alone, and a
+    # mean of 3 tokens per row a smaller token tile than the 20-token row alone: same bits
+    rng = np.random.default_rng(5)
+    n, D = kconv.SMALL_BATCH, 300
+    assert kconv.conv_tile(D, n) != kconv.conv_tile(D, 1)
+    cu = np.concatenate([[0, 20], 20 + np.arange(1, n)])
+    rb, wb = np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)
+    off, spec = np.ones(n, np.int64), np.zeros(n, np.int64)
+    pool = rng.normal(size=(L, 2 * n + 1, W, D)).astype(np.float32)
+    x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((cu[-1], D), (D, K), (D,)))
+    y, out, _ = device_backend.conv1d_update(pool, x, w, cb, cu, rb, off, wb, spec, layer=1,
+                                             layout="SD")
+    for r in (0, 5):
+        t0, t1 = cu[r], cu[r + 1]
+        y1, out1, _ = device_backend.conv1d_update(pool, x[t0:t1], w, cb, [0, t1 - t0],
+                                                   rb[r:r + 1], off[r:r + 1], wb[r:r + 1],
+                                                   spec[r:r + 1], layer=1, layout="SD")
+        np.testing.assert_array_equal(y1, y[t0:t1])
+        np.testing.assert_array_equal(out1[1, wb[r]], out[1, wb[r]])
 
 
 def test_faulty_rows_are_flagged_and_write_nothing(backend):

@@ -6,6 +6,7 @@ import dataclasses
 import pytest
 
 from mamba_align import kernels as K
+from mamba_align.kernels.jit import scalar_params
 
 IDS = K.ArraySpec.row_major((3,), "int64")
 SAMPLE_ARRAYS = {  # a valid call of every op, by parameter name
@@ -65,6 +66,8 @@ def test_declarations_agree_with_the_plans(op):
     assert scalars == [n for n, _ in plan.scalars]
     outs = names[len(plan.inputs) + len(plan.scalars):k]
     assert [o.removesuffix("_ptr") for o in outs] == list(plan.outputs)
+    # what same_binary_jit leaves unspecialized is exactly the runtime scalars
+    assert scalar_params(plan.kernel.fn) == [n for n, _ in plan.scalars]
 
 
 @pytest.mark.parametrize("op", K.OPS, ids=lambda op: op.name)
