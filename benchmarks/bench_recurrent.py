@@ -434,15 +434,60 @@ def table(data: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plot(data: Dict[str, Any], path: Path) -> None:
+    """State TB/s against B: the gated delta rule (decode, spec) and the conv update
+    (decode), ours (torch, JAX) against fla alone and pooled, with the copy ceiling."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib is not installed: skipping {path}")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("gdn", 1, "gated delta rule, decode (T = 1)"),
+              ("gdn", 4, "gated delta rule, spec (T = 4)"), ("conv", 1, "conv1d update, decode"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(14, 4.2))
+    ceil = data["header"]["ceiling"]["tbps"]
+    for ax, (op, T, title) in zip(axes, panels):
+        series: Dict[str, List[tuple]] = {}
+        for r in data["records"]:
+            if r["op"] == op and r["tokens_per_row"] == T:
+                series.setdefault(r["method"], []).append((r["batch"], r["tbps"]))
+        for method, pts in sorted(series.items()):
+            pts.sort()
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method,
+                    linestyle="--" if method.startswith("fla") else "-")
+        if op == "gdn":
+            ax.axhline(ceil, color="black", linestyle=":", label=f"copy ceiling {ceil:.2f}")
+        ax.set_xscale("log", base=2)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("batch rows B")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("state TB/s (read once + every state written)")
+    fig.suptitle(f"Recurrent kernels, {data['header']['device']} (torch: CUDA-graph replay; "
+                 "ours_jax: profiler busy time)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes")
+    ap.add_argument("--plot-only", type=Path, metavar="JSON",
+                    help="redraw recurrent_h200.png under --out from an earlier run's JSON")
     args = ap.parse_args(argv)
-    data = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        plot(json.loads(args.plot_only.read_text()), args.out / "recurrent_h200.png")
+        return
+    data = run(args)
     (args.out / "recurrent_h200.json").write_text(json.dumps(data, indent=1) + "\n")
     (args.out / "recurrent_h200.md").write_text(table(data) + "\n")
+    plot(data, args.out / "recurrent_h200.png")
     print(table(data))
 
 
