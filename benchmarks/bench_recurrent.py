@@ -41,6 +41,7 @@ import functools
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -465,7 +466,7 @@ def plot(data: Dict[str, Any], path: Path) -> None:
         ax.set_xlabel("batch rows B")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0].set_ylabel("state TB/s (read once + every state written)")
+    axes[0].set_ylabel("state TB/s (read once + the states each method writes)")
     fig.suptitle(f"Recurrent kernels, {data['header']['device']} (torch: CUDA-graph replay; "
                  "ours_jax: profiler busy time)", fontsize=10)
     fig.tight_layout()
@@ -475,11 +476,15 @@ def plot(data: Dict[str, Any], path: Path) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=HERE / "results")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: benchmarks/results (a temporary folder with --small)")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes")
     ap.add_argument("--plot-only", type=Path, metavar="JSON",
                     help="redraw recurrent_h200.png under --out from an earlier run's JSON")
     args = ap.parse_args(argv)
+    if args.out is None:  # a smoke run never overwrites the recorded GPU results
+        args.out = Path(tempfile.mkdtemp(prefix="bench_recurrent_")) if args.small \
+            else HERE / "results"
     args.out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text()), args.out / "recurrent_h200.png")

@@ -378,7 +378,11 @@ def recurrent_md(results: Path) -> str:
              "- fla: `fused_recurrent_gated_delta_rule` / `causal_conv1d_update` on contiguous "
              "states (alone), and as a pool user calls them (gather, kernel, scatter: pooled). "
              "On spec rows fla writes the final state only (its TB/s counts one write); ours "
-             "writes all four.", "",
+             "writes all four.",
+             "- Caveat (conv rows): the block groups the benchmark cycles through are sized "
+             "for the GDN state, so the conv state they cycle (24-48 MiB) and fla's single "
+             "conv cache largely stay in the 50 MB L2: the conv figures are cache-warm, not "
+             "HBM-bound, on both sides.", "",
              "| op | T | B | ours µs | ours TB/s | ours_jax µs | fla µs | fla TB/s | "
              "fla pooled µs | ours vs fla | ours vs pooled | JAX vs torch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -402,49 +406,51 @@ def recurrent_md(results: Path) -> str:
     lines += [f"| {r['op']} | {r['method']} | {r['batch']} | {r['ms'] * 1e3:.1f} |"
               for r in data["records"] if r["op"] in ("prefill", "step")]
 
-    def get(op, m, B, T=1):
-        return rec.get((op, m, B, T))
+    def val(op, m, B, T=1, key="tbps"):
+        r = rec.get((op, m, B, T))
+        return None if r is None else r[key]
+
+    def ratio(num, den):  # each a (op, method, B, T, key)
+        a, b = val(*num), val(*den)
+        return None if a is None or b is None else a / b
+
+    def target(name, values, ok, fmt):
+        """A target row: the measured values (n/a where a record is missing); met only
+        when every value was measured and passes."""
+        shown = ", ".join(_fmt(v, fmt[0], fmt[1]) for v in values) or "not measured"
+        met = bool(values) and all(v is not None and ok(v) for v in values)
+        return name, shown, met
 
     big = [B for B in shp["batches"] if B >= 64]
+    every = shp["batches"]
     S1 = 1 + shp["S"]
-    t = [("gdn decode ≥ %.1f TB/s at B ≥ 64" % GDN_DECODE_TBPS,
-          ", ".join(f"{get('gdn', 'ours', B)['tbps']:.2f}" for B in big),
-          all(get("gdn", "ours", B)["tbps"] >= GDN_DECODE_TBPS for B in big)),
-         ("gdn decode ≥ %.0f %% of fla alone at B ≥ 64" % VS_FLA_PCT,
-          ", ".join(f"{100 * get('gdn', 'fla', B)['ms'] / get('gdn', 'ours', B)['ms']:.0f} %"
-                    for B in big),
-          all(100 * get("gdn", "fla", B)["ms"] / get("gdn", "ours", B)["ms"] >= VS_FLA_PCT
-              for B in big)),
-         ("gdn decode ≥ %.0fx fla pooled at B ≥ 64" % GDN_VS_POOLED,
-          ", ".join(f"{get('gdn', 'fla_pooled', B)['ms'] / get('gdn', 'ours', B)['ms']:.1f}x"
-                    for B in big),
-          all(get("gdn", "fla_pooled", B)["ms"] / get("gdn", "ours", B)["ms"] >= GDN_VS_POOLED
-              for B in big)),
-         ("gdn decode ≤ %.1f µs at B = 1" % GDN_B1_US, f"{get('gdn', 'ours', 1)['ms'] * 1e3:.1f} µs",
-          get("gdn", "ours", 1)["ms"] * 1e3 <= GDN_B1_US),
-         ("gdn spec ≥ %.1f TB/s at B ≥ 64" % GDN_SPEC_TBPS,
-          ", ".join(f"{get('gdn', 'ours', B, S1)['tbps']:.2f}" for B in big),
-          all(get("gdn", "ours", B, S1)["tbps"] >= GDN_SPEC_TBPS for B in big)),
-         ("conv ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
-          ", ".join(f"{100 * get('conv', 'fla', B)['ms'] / get('conv', 'ours', B)['ms']:.0f} %"
-                    for B in shp["batches"]),
-          all(100 * get("conv", "fla", B)["ms"] / get("conv", "ours", B)["ms"] >= VS_FLA_PCT
-              for B in shp["batches"])),
-         ("conv ≥ %.0fx fla pooled, every B" % CONV_VS_POOLED,
-          ", ".join(f"{get('conv', 'fla_pooled', B)['ms'] / get('conv', 'ours', B)['ms']:.1f}x"
-                    for B in shp["batches"]),
-          all(get("conv", "fla_pooled", B)["ms"] / get("conv", "ours", B)["ms"] >= CONV_VS_POOLED
-              for B in shp["batches"])),
-         ("JAX ≥ %.0f %% of torch (device time), gdn decode" % JAX_VS_TORCH_PCT,
-          ", ".join(f"{100 * get('gdn', 'ours', B)['ms'] / get('gdn', 'ours_jax', B)['ms']:.0f} %"
-                    for B in shp["batches"]),
-          all(100 * get("gdn", "ours", B)["ms"] / get("gdn", "ours_jax", B)["ms"]
-              >= JAX_VS_TORCH_PCT for B in shp["batches"])),
-         ("copy-free never slower than pre-copy per step",
-          ", ".join(f"{get('step', 'copy_free', B)['ms'] * 1e3:.0f} vs "
-                    f"{get('step', 'pre_copy', B)['ms'] * 1e3:.0f} µs" for B in shp["batches"]),
-          all(get("step", "copy_free", B)["ms"] <= get("step", "pre_copy", B)["ms"]
-              for B in shp["batches"]))]
+    tb, pct, x = (".2f", ""), (".0f", " %"), (".1f", "x")
+    t = [target("gdn decode ≥ %.1f TB/s at B ≥ 64" % GDN_DECODE_TBPS,
+                [val("gdn", "ours", B) for B in big], lambda v: v >= GDN_DECODE_TBPS, tb),
+         target("gdn decode ≥ %.0f %% of fla alone at B ≥ 64" % VS_FLA_PCT,
+                [_pct(ratio(("gdn", "fla", B, 1, "ms"), ("gdn", "ours", B, 1, "ms")))
+                 for B in big], lambda v: v >= VS_FLA_PCT, pct),
+         target("gdn decode ≥ %.0fx fla pooled at B ≥ 64" % GDN_VS_POOLED,
+                [ratio(("gdn", "fla_pooled", B, 1, "ms"), ("gdn", "ours", B, 1, "ms"))
+                 for B in big], lambda v: v >= GDN_VS_POOLED, x),
+         target("gdn decode ≤ %.1f µs at B = 1" % GDN_B1_US,
+                [None if val("gdn", "ours", 1, 1, "ms") is None
+                 else val("gdn", "ours", 1, 1, "ms") * 1e3] if 1 in every else [],
+                lambda v: v <= GDN_B1_US, (".1f", " µs")),
+         target("gdn spec ≥ %.1f TB/s at B ≥ 64" % GDN_SPEC_TBPS,
+                [val("gdn", "ours", B, S1) for B in big], lambda v: v >= GDN_SPEC_TBPS, tb),
+         target("conv ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
+                [_pct(ratio(("conv", "fla", B, 1, "ms"), ("conv", "ours", B, 1, "ms")))
+                 for B in every], lambda v: v >= VS_FLA_PCT, pct),
+         target("conv ≥ %.0fx fla pooled, every B" % CONV_VS_POOLED,
+                [ratio(("conv", "fla_pooled", B, 1, "ms"), ("conv", "ours", B, 1, "ms"))
+                 for B in every], lambda v: v >= CONV_VS_POOLED, x),
+         target("JAX ≥ %.0f %% of torch (device time), gdn decode" % JAX_VS_TORCH_PCT,
+                [_pct(ratio(("gdn", "ours", B, 1, "ms"), ("gdn", "ours_jax", B, 1, "ms")))
+                 for B in every], lambda v: v >= JAX_VS_TORCH_PCT, pct),
+         target("copy-free per step / pre-copy per step ≤ 1",
+                [ratio(("step", "copy_free", B, 1, "ms"), ("step", "pre_copy", B, 1, "ms"))
+                 for B in every], lambda v: v <= 1.0, (".2f", ""))]
     lines += ["", "### Targets", "", "| target | measured (B = " +
               ", ".join(str(b) for b in shp["batches"]) + " where listed) | |", "|---|---|---|"]
     lines += [f"| {name} | {got} | {_mark(ok)} |" for name, got, ok in t]

@@ -48,7 +48,7 @@ def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, width, dim, x_stride, num_to
     tokens from ``t0``), fp32 ``[len(i), TILE_D]``; the history is zero without a read
     block. Only rows of ``x`` inside ``[0, num_tokens)`` are read, so the window can be
     loaded before the row's ids are checked."""
-    hist = i < K - 1
+    hist = (i >= 0) & (i < K - 1)  # i >= 0 always, unless a wild cu_seqlens wrapped
     h = _window_at(pool_ptr, rbase, off + i, d, width, dim,
                    mask & hist[:, None] & has_hist, LAYOUT_DS)
     xr = t0 + i - (K - 1)

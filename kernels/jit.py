@@ -4,8 +4,10 @@ on the launcher.
 Triton picks a tensor's register layout from what it can prove about addresses, and a
 reduction (``tl.sum``) adds in the order that layout gives. torch's launcher tells the
 compiler which integer arguments are multiples of 16; jax-triton 0.3 tells it nothing
-about integers (both treat an integer equal to 1 as a constant, both call array pointers
-16-byte aligned). The same kernel then compiled to different layouts from torch and JAX
+about integers (both treat an integer equal to 1 as a constant). Array pointers stay
+specialized: jax-triton calls every one 16-byte aligned (JAX buffers are), torch those
+whose address is, so a torch view starting off a 16-byte boundary still compiles a binary
+of its own. The same kernel then compiled to different layouts from torch and JAX
 and summed a dot product in a different order (a 1-ulp difference in the gated delta
 rule's output). Marking every scalar argument "not specialized on alignment" makes torch
 compile what jax-triton compiles; the kernels state the alignment they need themselves
