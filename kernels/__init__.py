@@ -24,6 +24,8 @@ from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
 from .conv1d import CONV1D_UPDATE, plan_conv1d_update  # noqa: E402
 from .gdn import (GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES,  # noqa: E402
                   plan_gated_delta_rule, plan_gated_delta_rule_fused_gates)
+from .dense import (LINEAR, RMS_NORM, RMS_NORM_GATED, SILU_MUL, plan_linear,  # noqa: E402
+                    plan_rms_norm, plan_rms_norm_gated, plan_silu_mul)
 
 def interpreted(kernel) -> bool:
     """Whether ``kernel`` runs in Triton's CPU interpreter (else compiled, CUDA only). A
@@ -34,7 +36,8 @@ def interpreted(kernel) -> bool:
 
 #: Every operation both backends expose (one generic launcher each).
 OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, CONV1D_UPDATE,
-       GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES)
+       GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES, LINEAR, RMS_NORM, RMS_NORM_GATED,
+       SILU_MUL)
 
 __all__ = [
     "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
@@ -42,6 +45,8 @@ __all__ = [
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
     "CONV1D_UPDATE", "plan_conv1d_update", "GATED_DELTA_RULE", "GATED_DELTA_RULE_FUSED_GATES",
     "plan_gated_delta_rule", "plan_gated_delta_rule_fused_gates",
+    "LINEAR", "RMS_NORM", "RMS_NORM_GATED", "SILU_MUL", "plan_linear", "plan_rms_norm",
+    "plan_rms_norm_gated", "plan_silu_mul",
     "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",
     "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies", "interpreted",
 ]

@@ -30,6 +30,7 @@ from mamba_align.core import (
     resolve_blocks,
 )
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
+from mamba_align.core import dense_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
 from copy_oracles import copy_plan  # noqa: E402  (tests/ is on sys.path)
 
@@ -85,6 +86,9 @@ class Backend:
     # gates: {"g", "beta"} or {"a", "b", "A_log", "dt_bias"}; opts: scale, use_qk_l2norm, layout
     def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts): ...
 
+    # a dense op (linear, rms_norm, rms_norm_gated, silu_mul) -> y (float64 in the reference)
+    def dense(self, op, *arrays, **statics): ...
+
 
 class Reference(Backend):
     name = "reference"
@@ -138,6 +142,12 @@ class Reference(Backend):
         o, out[layer], fault = gated_delta_rule_ref(q, k, v, pool[layer], cu, rb, wbs, spec,
                                                     **gates, **opts)
         return o, out, flag_of(fault).astype(np.int64)
+
+    def dense(self, op, *arrays, **statics):
+        if op == "rms_norm_gated":
+            x, z, w = arrays
+            return dense_ref.rms_norm_ref(x, w, z=z, **statics)
+        return getattr(dense_ref, f"{op}_ref")(*arrays, **statics)
 
 
 class Torch(Backend):
@@ -233,6 +243,9 @@ class Torch(Backend):
                self.ids(rb), self.ids(wbs), self.flags(spec), layer=layer, **opts)["o"]
         return self.host(o), self.host(t), self.host(errors).astype(np.int64)
 
+    def dense(self, op, *arrays, **statics):
+        return self.host(getattr(self.ops, op)(*map(self.pool, arrays), **statics)["y"])
+
     def copy_pools(self, pools, kinds, plan):
         t = {n: self.pool(p) for n, p in pools.items()}
         self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()})
@@ -322,6 +335,9 @@ class Jax(Backend):
                  self.ids(wbs), self.flags(spec), layer=layer, **opts)
         return (np.asarray(out["o"]), np.asarray(out["pool"]),
                 np.asarray(out["errors"]).astype(np.int64))
+
+    def dense(self, op, *arrays, **statics):
+        return np.asarray(getattr(self.ops, op)(*map(self.jnp.asarray, arrays), **statics)["y"])
 
     def copy_pools(self, pools, kinds, plan):
         out = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()}, kinds,

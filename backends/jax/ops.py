@@ -93,6 +93,10 @@ copy_conv = public(K.COPY_CONV)
 conv1d_update = public(K.CONV1D_UPDATE)
 gated_delta_rule = public(K.GATED_DELTA_RULE)
 gated_delta_rule_fused_gates = public(K.GATED_DELTA_RULE_FUSED_GATES)
+linear = public(K.LINEAR)
+rms_norm = public(K.RMS_NORM)
+rms_norm_gated = public(K.RMS_NORM_GATED)
+silu_mul = public(K.SILU_MUL)
 
 
 def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],

@@ -159,6 +159,10 @@ copy_conv_ = public(K.COPY_CONV)
 conv1d_update_ = public(K.CONV1D_UPDATE)
 gated_delta_rule_ = public(K.GATED_DELTA_RULE)
 gated_delta_rule_fused_gates_ = public(K.GATED_DELTA_RULE_FUSED_GATES)
+linear = public(K.LINEAR)
+rms_norm = public(K.RMS_NORM)
+rms_norm_gated = public(K.RMS_NORM_GATED)
+silu_mul = public(K.SILU_MUL)
 
 
 def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],
