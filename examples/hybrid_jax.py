@@ -1,0 +1,62 @@
+"""The hybrid model of ``hybrid_model.py`` on the library's kernels, from JAX: the twin of
+``hybrid_torch.py``, as a pure function (jit it with the pools and the error flag
+donated). The same launches with the same arrays, so a row's logits are the same bits as
+from torch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hybrid_model import ModelConfig
+
+from mamba_align.backends.jax import ops
+
+
+def load_weights(weights: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """The model's NumPy weights as JAX arrays (bf16 stays bf16)."""
+    return {n: jnp.asarray(a) for n, a in weights.items()}
+
+
+def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, jax.Array],
+            errors: jax.Array, tokens: jax.Array, cu_seqlens: jax.Array, blocks,
+            is_spec: jax.Array) -> Tuple[jax.Array, Dict[str, jax.Array], jax.Array]:
+    """``(logits fp32 [T, vocab], pools, errors)`` of one step: the arguments as for
+    ``TorchModel.forward``; ``cfg`` is static under ``jax.jit``."""
+    H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
+    T = tokens.shape[0]
+    conv, ssm = pools["conv"], pools["ssm"]
+    x = w["embed"][tokens].astype(jnp.float32)
+    dt = w["embed"].dtype
+    for i in range(cfg.layers):
+        p = f"l{i}."
+        h = ops.rms_norm(x.astype(dt), w[p + "norm1"], eps=cfg.eps)["y"]
+        proj = ops.linear(h, w[p + "w_qkvz"])["y"]
+        mixed, z = proj[:, :cfg.d_conv], proj[:, cfg.d_conv:]
+        ba = ops.linear(h, w[p + "w_ba"])["y"]
+        out = ops.conv1d_update(conv, errors, mixed, w[p + "conv_w"], w[p + "conv_b"],
+                                cu_seqlens, blocks.conv_read, blocks.conv_read_bias,
+                                blocks.conv_write, is_spec, layer=i, layout="DS",
+                                activation="silu")
+        conv, errors, y = out["pool"], out["errors"], out["y"]
+        q = y[:, :H * K].reshape(T, H, K)
+        k = y[:, H * K:2 * H * K].reshape(T, H, K)
+        v = y[:, 2 * H * K:].reshape(T, HV, V)
+        out = ops.gated_delta_rule_fused_gates(
+            ssm, errors, q, k, v, ba[:, HV:], ba[:, :HV], w[p + "A_log"], w[p + "dt_bias"],
+            cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
+            use_qk_l2norm=True)
+        ssm, errors = out["pool"], out["errors"]
+        o = ops.rms_norm_gated(out["o"].reshape(T * HV, V), z.reshape(T * HV, V),
+                               w[p + "onorm"], eps=cfg.eps)["y"]
+        x = x + ops.linear(o.reshape(T, HV * V), w[p + "w_o"])["y"].astype(jnp.float32)
+        h2 = ops.rms_norm(x.astype(dt), w[p + "norm2"], eps=cfg.eps)["y"]
+        m = ops.silu_mul(ops.linear(h2, w[p + "w_gate"])["y"],
+                         ops.linear(h2, w[p + "w_up"])["y"])["y"]
+        x = x + ops.linear(m, w[p + "w_down"])["y"].astype(jnp.float32)
+    h = ops.rms_norm(x.astype(dt), w["norm_f"], eps=cfg.eps)["y"]
+    logits = ops.linear(h, w["lm_head"])["y"].astype(jnp.float32)
+    return logits, {**pools, "conv": conv, "ssm": ssm}, errors

@@ -1,0 +1,143 @@
+"""A small Gated-DeltaNet language model, defined once as data: its configuration, its
+weights from a fixed seed (NumPy, so torch and JAX load the same numbers), and a float64
+NumPy reference of its forward pass. ``hybrid_torch.py`` and ``hybrid_jax.py`` run it on the
+library's kernels.
+
+Each layer is shaped like Qwen3-Next's linear-attention block::
+
+    h = rms_norm(x)
+    [qkv | z] = h @ w_qkvz;  [b | a] = h @ w_ba
+    qkv = silu(causal_conv1d(qkv))              # conv state: the "conv" pool
+    o = gated_delta_rule(q, k, v; gates from a, b, A_log, dt_bias; q/k l2norm)
+                                                # recurrent state: the "ssm" pool
+    x = x + rms_norm_gated(o, z) @ w_o          # per value head
+    x = x + (silu(rms_norm(x) @ w_gate) * (rms_norm(x) @ w_up)) @ w_down
+
+then a final norm and the output head. Residuals and logits are fp32; the weights, the
+activations between kernels and the conv state are in the model's dtype; the recurrent
+state is fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Sequence
+
+import ml_dtypes
+import numpy as np
+
+from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
+from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
+from mamba_align.core.dense_ref import linear_ref, rms_norm_ref, silu_mul_ref
+from mamba_align.core.gdn_ref import gated_delta_rule_ref
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the model: ``heads`` qk heads of ``head_k``, ``value_heads`` of ``head_v``
+    (a multiple of ``heads``), a causal conv of ``conv_kernel`` taps over the q/k/v
+    channels, an MLP of ``mlp`` hidden units."""
+
+    vocab: int = 64
+    d_model: int = 32
+    layers: int = 2
+    heads: int = 2
+    value_heads: int = 4
+    head_k: int = 8
+    head_v: int = 8
+    conv_kernel: int = 4
+    mlp: int = 64
+    eps: float = 1e-6
+    dtype: str = "float32"  # weights, activations between kernels, conv state
+
+    @property
+    def d_conv(self) -> int:
+        """The conv's channels: q, k and v of every head."""
+        return 2 * self.heads * self.head_k + self.value_heads * self.head_v
+
+    @property
+    def d_value(self) -> int:
+        return self.value_heads * self.head_v
+
+    def cache_config(self, block_size: int, num_spec: int) -> CacheConfig:
+        """The two states of every layer: the conv window (``DS`` layout, the model's
+        dtype) and the gated delta rule's ``[HV, V, K]`` fp32 state."""
+        return CacheConfig(block_size, num_spec, self.layers, {
+            "conv": ConvSpec(self.conv_kernel, self.d_conv, "DS", self.dtype),
+            "ssm": TemporalSpec((self.value_heads, self.head_v, self.head_k), "float32")})
+
+
+#: runs in seconds in Triton's interpreter
+TINY = ModelConfig()
+#: a meaningful size for the GPU: Qwen3-Next's head shapes, fewer and narrower layers
+GPU = ModelConfig(vocab=4096, d_model=1024, layers=4, heads=8, value_heads=16, head_k=128,
+                  head_v=128, mlp=2816, dtype="bfloat16")
+
+
+def init_weights(cfg: ModelConfig, seed: int = 0) -> Dict[str, np.ndarray]:
+    """The model's weights by name, from ``seed``: projections scaled by
+    ``1 / sqrt(fan_in)``, norms near 1, gates in the ranges Qwen3-Next initialises them
+    to. ``A_log`` and ``dt_bias`` are fp32, everything else in ``cfg.dtype``."""
+    rng = np.random.default_rng(seed)
+    dt = ml_dtypes.bfloat16 if cfg.dtype == "bfloat16" else np.dtype(cfg.dtype)
+
+    def proj(n_in, n_out):
+        return (rng.normal(size=(n_in, n_out)) / np.sqrt(n_in)).astype(dt)
+
+    def norm(n):
+        return (1 + 0.1 * rng.normal(size=n)).astype(dt)
+
+    w = {"embed": rng.normal(size=(cfg.vocab, cfg.d_model)).astype(dt)}
+    for i in range(cfg.layers):
+        p = f"l{i}."
+        w[p + "norm1"] = norm(cfg.d_model)
+        w[p + "w_qkvz"] = proj(cfg.d_model, cfg.d_conv + cfg.d_value)
+        w[p + "w_ba"] = proj(cfg.d_model, 2 * cfg.value_heads)
+        w[p + "conv_w"] = (rng.normal(size=(cfg.d_conv, cfg.conv_kernel))
+                           / np.sqrt(cfg.conv_kernel)).astype(dt)
+        w[p + "conv_b"] = (0.1 * rng.normal(size=cfg.d_conv)).astype(dt)
+        w[p + "A_log"] = np.log(rng.uniform(1, 16, size=cfg.value_heads)).astype(np.float32)
+        w[p + "dt_bias"] = rng.uniform(-1, 1, size=cfg.value_heads).astype(np.float32)
+        w[p + "onorm"] = norm(cfg.head_v)
+        w[p + "w_o"] = proj(cfg.d_value, cfg.d_model)
+        w[p + "norm2"] = norm(cfg.d_model)
+        w[p + "w_gate"] = proj(cfg.d_model, cfg.mlp)
+        w[p + "w_up"] = proj(cfg.d_model, cfg.mlp)
+        w[p + "w_down"] = proj(cfg.mlp, cfg.d_model)
+    w["norm_f"] = norm(cfg.d_model)
+    w["lm_head"] = proj(cfg.d_model, cfg.vocab)
+    return w
+
+
+def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],
+                     tokens: Sequence[int]) -> np.ndarray:
+    """float64 ``[T, vocab]``: the logits of one sequence from an empty state, every
+    operation in float64 (the library's core references)."""
+    T = len(tokens)
+    H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
+    x = w["embed"][np.asarray(tokens)].astype(np.float64)
+    cu, none, zero, first = [0, T], [-1], [0], [0]
+    for i in range(cfg.layers):
+        p = f"l{i}."
+        h = rms_norm_ref(x, w[p + "norm1"], cfg.eps)
+        proj = linear_ref(h, w[p + "w_qkvz"])
+        mixed, z = proj[:, :cfg.d_conv], proj[:, cfg.d_conv:]
+        ba = linear_ref(h, w[p + "w_ba"])
+        conv_pool = np.zeros((1, cfg.d_conv, cfg.conv_kernel - 1))
+        y, _, _ = causal_conv1d_update_ref(mixed, w[p + "conv_w"], w[p + "conv_b"], conv_pool,
+                                           cu, none, zero, first, [False], layout="DS")
+        q = y[:, :H * K].reshape(T, H, K)
+        k = y[:, H * K:2 * H * K].reshape(T, H, K)
+        v = y[:, 2 * H * K:].reshape(T, HV, V)
+        pool = np.zeros((1, HV, V, K))
+        o, _, _ = gated_delta_rule_ref(q, k, v, pool, cu, none, [first], [False],
+                                       A_log=w[p + "A_log"], a=ba[:, HV:],
+                                       dt_bias=w[p + "dt_bias"], b=ba[:, :HV],
+                                       use_qk_l2norm=True)
+        o = rms_norm_ref(o.reshape(T * HV, V), w[p + "onorm"], cfg.eps,
+                         z=z.reshape(T * HV, V)).reshape(T, HV * V)
+        x = x + linear_ref(o, w[p + "w_o"])
+        h2 = rms_norm_ref(x, w[p + "norm2"], cfg.eps)
+        x = x + linear_ref(silu_mul_ref(linear_ref(h2, w[p + "w_gate"]),
+                                        linear_ref(h2, w[p + "w_up"])), w[p + "w_down"])
+    return linear_ref(rms_norm_ref(x, w["norm_f"], cfg.eps), w["lm_head"])

@@ -1,0 +1,74 @@
+"""The hybrid model of ``hybrid_model.py`` on the library's kernels, from torch: one step's
+forward pass over a varlen batch, reading and writing the state blocks a runner resolved.
+
+Every arithmetic operation is a kernel of the library (or an fp32 addition, which is exact
+IEEE in either framework); slices are made contiguous as JAX makes them, so each launch
+sees the arrays the JAX twin (``hybrid_jax.py``) hands it, and a row's logits are the
+same bits in either framework and in any batch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Mapping
+
+import numpy as np
+import torch
+from hybrid_model import ModelConfig
+
+from mamba_align.backends.torch import ops
+
+
+def to_torch(a: np.ndarray, device) -> torch.Tensor:
+    """A NumPy array (bf16 through ml_dtypes) as a tensor on ``device``."""
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
+    return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+class TorchModel:
+    """The model's weights on ``device``; :meth:`forward` runs one step."""
+
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, np.ndarray], device):
+        self.cfg, self.device = cfg, torch.device(device)
+        self.w: Dict[str, torch.Tensor] = {n: to_torch(a, device) for n, a in weights.items()}
+
+    def forward(self, pools: Mapping[str, torch.Tensor], errors: torch.Tensor,
+                tokens: torch.Tensor, cu_seqlens: torch.Tensor, blocks,
+                is_spec: torch.Tensor) -> torch.Tensor:
+        """Logits fp32 ``[T, vocab]`` of the batch's ``tokens`` (int ``[T]``, rows by
+        ``cu_seqlens`` ``[N + 1]``). ``blocks``: the runner's resolved blocks (its
+        ``temporal_read``, ``conv_read``, ``conv_read_bias``, ``temporal_write``,
+        ``conv_write``, ``[N]`` / ``[N, 1 + S]``); ``pools["conv"]``, ``pools["ssm"]`` are
+        updated in place; faulty ids are ORed into ``errors``."""
+        cfg, w = self.cfg, self.w
+        H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
+        T = tokens.shape[0]
+        x = w["embed"][tokens].float()  # the residual stream, fp32
+        dt = w["embed"].dtype
+        for i in range(cfg.layers):
+            p = f"l{i}."
+            h = ops.rms_norm(x.to(dt), w[p + "norm1"], eps=cfg.eps)["y"]
+            proj = ops.linear(h, w[p + "w_qkvz"])["y"]
+            mixed, z = proj[:, :cfg.d_conv].contiguous(), proj[:, cfg.d_conv:].contiguous()
+            ba = ops.linear(h, w[p + "w_ba"])["y"]
+            y = ops.conv1d_update_(pools["conv"], errors, mixed, w[p + "conv_w"],
+                                   w[p + "conv_b"], cu_seqlens, blocks.conv_read,
+                                   blocks.conv_read_bias, blocks.conv_write, is_spec, layer=i,
+                                   layout="DS", activation="silu")["y"]
+            q = y[:, :H * K].contiguous().view(T, H, K)
+            k = y[:, H * K:2 * H * K].contiguous().view(T, H, K)
+            v = y[:, 2 * H * K:].contiguous().view(T, HV, V)
+            b, a = ba[:, :HV].contiguous(), ba[:, HV:].contiguous()
+            o = ops.gated_delta_rule_fused_gates_(
+                pools["ssm"], errors, q, k, v, a, b, w[p + "A_log"], w[p + "dt_bias"],
+                cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
+                use_qk_l2norm=True)["o"]
+            o = ops.rms_norm_gated(o.view(T * HV, V), z.view(T * HV, V), w[p + "onorm"],
+                                   eps=cfg.eps)["y"]
+            x = x + ops.linear(o.view(T, HV * V), w[p + "w_o"])["y"].float()
+            h2 = ops.rms_norm(x.to(dt), w[p + "norm2"], eps=cfg.eps)["y"]
+            m = ops.silu_mul(ops.linear(h2, w[p + "w_gate"])["y"],
+                             ops.linear(h2, w[p + "w_up"])["y"])["y"]
+            x = x + ops.linear(m, w[p + "w_down"])["y"].float()
+        h = ops.rms_norm(x.to(dt), w["norm_f"], eps=cfg.eps)["y"]
+        return ops.linear(h, w["lm_head"])["y"].float()

@@ -1,0 +1,142 @@
+"""The hybrid model of examples/hybrid_model.py on the library's kernels: against its
+float64 reference, torch and JAX bit for bit, a row the same in any batch, and a prompt
+served in chunks through the state blocks giving the bits of the prompt served at once
+(what makes a prefix-cache hit exact)."""
+
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from hybrid_model import TINY, init_weights, reference_logits  # noqa: E402
+
+from mamba_align.core import new_errors  # noqa: E402
+
+S, NB = 2, 12  # drafts per step, blocks per pool
+CFG = TINY.cache_config(block_size=4, num_spec=S)
+WEIGHTS = init_weights(TINY, seed=0)
+RNG = np.random.default_rng(0)
+PROMPT = RNG.integers(0, TINY.vocab, size=10)
+
+
+def empty_pools():
+    return {n: np.zeros(CFG.pool_shape(n, NB), np.float32) for n in CFG.states}
+
+
+class TorchRun:
+    name = "torch"
+
+    def __init__(self):
+        import torch
+        from hybrid_torch import TorchModel
+        self.torch = torch
+        self.dev = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model = TorchModel(TINY, WEIGHTS, self.dev)
+
+    def step(self, pools, tokens, rows):
+        """``rows``: per row ``(length, temporal_read, conv_read, conv_bias,
+        temporal_write [1 + S], conv_write, is_spec)``; returns (logits, pools, errors)."""
+        t = self.torch
+        T = lambda a, dt=t.int64: t.as_tensor(np.asarray(a), dtype=dt, device=self.dev)  # noqa
+        pools = {n: t.as_tensor(p.copy(), device=self.dev) for n, p in pools.items()}
+        errors = t.as_tensor(new_errors(), device=self.dev)
+        cu = np.concatenate([[0], np.cumsum([r[0] for r in rows])])
+        blocks = Blocks(*(T([r[i] for r in rows]) for i in range(1, 6)))
+        spec = T([r[6] for r in rows], t.bool)
+        logits = self.model.forward(pools, errors, T(tokens), T(cu), blocks, spec)
+        return (logits.cpu().numpy(), {n: p.cpu().numpy() for n, p in pools.items()},
+                errors.cpu().numpy())
+
+
+class JaxRun:
+    name = "jax"
+
+    def __init__(self):
+        import jax
+        import jax.numpy as jnp
+        from hybrid_jax import forward, load_weights
+        self.jnp, self.w = jnp, load_weights(WEIGHTS)
+        self.fn = jax.jit(forward, static_argnums=0, donate_argnums=(2, 3))
+
+    def step(self, pools, tokens, rows):
+        jnp = self.jnp
+        A = lambda a, dt=jnp.int32: jnp.asarray(np.asarray(a), dt)  # noqa: E731
+        cu = np.concatenate([[0], np.cumsum([r[0] for r in rows])])
+        blocks = Blocks(*(A([r[i] for r in rows]) for i in range(1, 6)))
+        logits, pools, errors = self.fn(TINY, self.w, {n: jnp.asarray(p) for n, p in
+                                                       pools.items()},
+                                        jnp.asarray(new_errors()), A(tokens), A(cu), blocks,
+                                        A([r[6] for r in rows], bool))
+        return np.asarray(logits), {n: np.asarray(p) for n, p in pools.items()}, \
+            np.asarray(errors)
+
+
+class Blocks(NamedTuple):  # the fields the model reads of a runner's resolved blocks
+    temporal_read: Any
+    conv_read: Any
+    conv_read_bias: Any
+    temporal_write: Any
+    conv_write: Any
+
+
+RUNS = {"torch": TorchRun, "jax": JaxRun}
+_MADE = {}
+
+
+@pytest.fixture(params=["torch", "jax"])
+def run(request):
+    if request.param not in _MADE:
+        _MADE[request.param] = RUNS[request.param]()
+    return _MADE[request.param]
+
+
+def fresh(n, t_write=1, c_write=2):
+    """A non-spec row of ``n`` tokens from an empty state, writing blocks t_write, c_write."""
+    return (n, -1, -1, 0, [t_write] + [-1] * S, c_write, False)
+
+
+def test_matches_the_float64_reference(run):
+    logits, _, errors = run.step(empty_pools(), PROMPT, [fresh(len(PROMPT))])
+    want = reference_logits(TINY, WEIGHTS, PROMPT)
+    np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-4)
+    assert errors.tolist() == new_errors().tolist()
+
+
+def test_torch_and_jax_give_the_same_bits():
+    # a prefill row, a decode row reading the first row's blocks, a spec row of 1 + S
+    pools = empty_pools()
+    rng = np.random.default_rng(1)
+    pools["ssm"][:, 3] = rng.normal(size=pools["ssm"][:, 3].shape)
+    pools["conv"][:, 4] = rng.normal(size=pools["conv"][:, 4].shape)
+    rows = [fresh(6), (1, 3, 4, 1, [5, -1, -1], 6, False), (1 + S, 3, 4, 0, [7, 8, 9], 10, True)]
+    tokens = rng.integers(0, TINY.vocab, size=6 + 1 + 1 + S)
+    got = [RUNS[name]().step(pools, tokens, rows) if name not in _MADE
+           else _MADE[name].step(pools, tokens, rows) for name in ("torch", "jax")]
+    for a, b in zip(got[0][:2], got[1][:2]):
+        for x, y in (zip(a.values(), b.values()) if isinstance(a, dict) else [(a, b)]):
+            np.testing.assert_array_equal(x, y)
+    assert got[0][2].tolist() == got[1][2].tolist() == new_errors().tolist()
+
+
+def test_a_row_gives_the_same_bits_in_any_batch(run):
+    others = RNG.integers(0, TINY.vocab, size=9)
+    alone, _, _ = run.step(empty_pools(), PROMPT[:3], [fresh(3)])
+    batch, _, _ = run.step(empty_pools(), np.concatenate([others[:5], PROMPT[:3], others[5:]]),
+                           [fresh(5, 3, 4), fresh(3), fresh(4, 5, 6)])
+    np.testing.assert_array_equal(alone, batch[5:8])
+
+
+def test_a_prompt_in_chunks_gives_the_bits_of_the_prompt_at_once(run):
+    # 10 tokens at once, against 4 then 6 through the blocks written by the first chunk:
+    # the logits of the last 6 tokens and the final states are the same bits
+    whole, wp, _ = run.step(empty_pools(), PROMPT, [fresh(10, 1, 2)])
+    _, mid, _ = run.step(empty_pools(), PROMPT[:4], [fresh(4, 3, 4)])
+    part, pp, errors = run.step(mid, PROMPT[4:], [(6, 3, 4, 0, [5, -1, -1], 6, False)])
+    np.testing.assert_array_equal(part, whole[4:])
+    np.testing.assert_array_equal(pp["ssm"][:, 5], wp["ssm"][:, 1])
+    K = TINY.conv_kernel
+    np.testing.assert_array_equal(pp["conv"][:, 6, :, :K - 1], wp["conv"][:, 2, :, :K - 1])
+    assert errors.tolist() == new_errors().tolist()
