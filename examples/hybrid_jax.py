@@ -6,14 +6,16 @@ from torch.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Tuple
+from typing import Dict, Mapping, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from hybrid_model import ModelConfig
 
+from mamba_align.backends import jax as mj
 from mamba_align.backends.jax import ops
+from mamba_align.core import new_errors, raise_errors
 
 
 def load_weights(weights: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
@@ -60,3 +62,64 @@ def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, ja
     h = ops.rms_norm(x.astype(dt), w["norm_f"], eps=cfg.eps)["y"]
     logits = ops.linear(h, w["lm_head"])["y"].astype(jnp.float32)
     return logits, {**pools, "conv": conv, "ssm": ssm}, errors
+
+
+class _Blocks(NamedTuple):
+    temporal_read: jax.Array
+    conv_read: jax.Array
+    conv_read_bias: jax.Array
+    temporal_write: jax.Array
+    conv_write: jax.Array
+
+
+def new_pools(cache, num_blocks: int) -> Dict[str, jax.Array]:
+    """Zeroed pools of every state of ``cache`` (a ``CacheConfig``) in their dtypes."""
+    return {n: jnp.zeros(cache.pool_shape(n, num_blocks), s.dtype)
+            for n, s in cache.states.items()}
+
+
+#: the forward pass jitted once per shape, with the pools and the error flag donated
+jitted_forward = jax.jit(forward, static_argnums=0, donate_argnums=(2, 3))
+
+
+def single_row(cfg: ModelConfig, w, num_spec: int):
+    """``forward_one(tokens, read, write)`` for ``hybrid_serving.generate`` (see the torch
+    twin)."""
+    carry = {"pools": new_pools(cfg.cache_config(num_spec + 1, num_spec), 3),
+             "errors": jnp.asarray(new_errors())}
+    ids = lambda *v: jnp.asarray(np.array(v), jnp.int32)  # noqa: E731
+
+    def forward_one(tokens, read: int, write: int) -> np.ndarray:
+        blocks = _Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
+                         ids(write))
+        lg, carry["pools"], carry["errors"] = jitted_forward(
+            cfg, w, carry["pools"], carry["errors"], ids(*tokens), ids(0, len(tokens)),
+            blocks, jnp.asarray([False]))
+        raise_errors(np.asarray(carry["errors"]))
+        return np.asarray(lg)
+    return forward_one
+
+
+def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_slots: int,
+                 mode: str = "pre-copy"):
+    """``step(batch, tokens, cu_seqlens, sample)`` for ``hybrid_serving.serve``: the pure
+    JAX bookkeeping (``add_requests``, ``preprocess``, ``postprocess``) around the model,
+    the slot state, pools and error flag carried between steps (``step.carry``)."""
+    carry = {"state": mj.init_state(num_slots), "pools": pools}
+    i32 = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
+
+    def step(batch, tokens, cu_seqlens, sample) -> np.ndarray:
+        state = mj.add_requests(carry["state"], i32(batch.added_slots),
+                                i32(batch.added_num_computed), config=cache)
+        idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
+        spec = jnp.asarray(np.asarray(batch.is_spec))
+        state, pools, blocks = mj.preprocess(state, carry["pools"], idx, q, spec, bt,
+                                             config=cache, mode=mode)
+        logits, pools, errors = jitted_forward(cfg, w, pools, state.errors, i32(tokens),
+                                               i32(cu_seqlens), blocks, spec)
+        state, pools, _ = mj.postprocess(state._replace(errors=errors), pools, idx, q, spec,
+                                         i32(sample()), bt, config=cache)
+        carry.update(state=state, pools=pools)
+        return np.asarray(logits)
+    step.carry = carry
+    return step

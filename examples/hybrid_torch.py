@@ -9,13 +9,14 @@ same bits in either framework and in any batch.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping
+from typing import Dict, Mapping, NamedTuple
 
 import numpy as np
 import torch
 from hybrid_model import ModelConfig
 
 from mamba_align.backends.torch import ops
+from mamba_align.core import new_errors, raise_errors
 
 
 def to_torch(a: np.ndarray, device) -> torch.Tensor:
@@ -72,3 +73,54 @@ class TorchModel:
             x = x + ops.linear(m, w[p + "w_down"])["y"].float()
         h = ops.rms_norm(x.to(dt), w["norm_f"], eps=cfg.eps)["y"]
         return ops.linear(h, w["lm_head"])["y"].float()
+
+
+class _Blocks(NamedTuple):
+    temporal_read: torch.Tensor
+    conv_read: torch.Tensor
+    conv_read_bias: torch.Tensor
+    temporal_write: torch.Tensor
+    conv_write: torch.Tensor
+
+
+def new_pools(cache, num_blocks: int, device) -> Dict[str, torch.Tensor]:
+    """Zeroed pools of every state of ``cache`` (a ``CacheConfig``) in their dtypes."""
+    return {n: torch.zeros(cache.pool_shape(n, num_blocks), device=device,
+                           dtype=getattr(torch, s.dtype)) for n, s in cache.states.items()}
+
+
+def single_row(model: TorchModel, num_spec: int):
+    """``forward_one(tokens, read, write)`` for ``hybrid_serving.generate``: one non-spec
+    row through private pools of 3 blocks; logits as NumPy."""
+    cache = model.cfg.cache_config(num_spec + 1, num_spec)  # (only its pool shapes)
+    pools = new_pools(cache, 3, model.device)
+    errors = torch.from_numpy(new_errors()).to(model.device)
+    ids = lambda *v: torch.tensor(v, device=model.device)  # noqa: E731
+
+    def forward_one(tokens, read: int, write: int) -> np.ndarray:
+        blocks = _Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
+                         ids(write))
+        lg = model.forward(pools, errors, ids(*tokens), ids(0, len(tokens)), blocks,
+                           ids(False))
+        raise_errors(errors.cpu().numpy())
+        return lg.cpu().numpy()
+    return forward_one
+
+
+def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor]):
+    """``step(batch, tokens, cu_seqlens, sample)`` for ``hybrid_serving.serve``: the
+    ``StateRunner``'s add_requests / preprocess, the model on the resolved blocks (faults
+    into the runner's error flag), the post-process; logits as NumPy."""
+    dev = model.device
+    i32 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int32, device=dev)  # noqa
+
+    def step(batch, tokens, cu_seqlens, sample) -> np.ndarray:
+        runner.add_requests(i32(batch.added_slots), i32(batch.added_num_computed))
+        idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
+        spec = torch.as_tensor(np.asarray(batch.is_spec), device=dev)
+        blocks = runner.preprocess(pools, idx, q, spec, bt)
+        logits = model.forward(pools, runner.error_flag, i32(tokens).long(),
+                               i32(cu_seqlens).long(), blocks, spec)
+        runner.postprocess(pools, idx, q, spec, i32(sample()), bt)
+        return logits.cpu().numpy()
+    return step

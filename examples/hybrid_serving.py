@@ -1,0 +1,169 @@
+"""Serving the hybrid model (``hybrid_model.py``) with align-mode prefix caching, from torch
+and from JAX: the reference scheduler feeds batches, the backend's runner does the
+bookkeeping and the copies, the model runs on the resolved blocks, greedy decoding with
+speculative drafts from a deliberately imperfect drafter.
+
+The scheduler is told each request's whole token sequence in advance (prompt and greedy
+continuation, from :func:`generate`, the model run on its own without a cache), so it can
+judge drafts; every served step then checks that the model's argmax at each accepted
+position is that continuation's token, and records the logits of every position it
+computed, for :func:`compare`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+from hybrid_model import ModelConfig
+
+from mamba_align.core import Scheduler
+
+Logits = Dict[Tuple[int, int], np.ndarray]  # (request, position) -> fp32 [vocab]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests ``{id: (arrival step, prompt)}``, each to generate ``new_tokens`` tokens."""
+
+    requests: Dict[int, Tuple[int, Tuple[int, ...]]]
+    new_tokens: int
+
+
+def shared_prefix_workload(cfg: ModelConfig, seed: int, num_requests: int, block_size: int,
+                           new_tokens: int) -> Workload:
+    """Prompts of 1 to 3 blocks plus a tail, every second one continuing an earlier
+    prompt past a block boundary (a prefix-cache hit when it arrives after it)."""
+    rng = np.random.default_rng(seed)
+    reqs: Dict[int, Tuple[int, Tuple[int, ...]]] = {}
+    for r in range(num_requests):
+        n = int(rng.integers(1, 4)) * block_size + int(rng.integers(1, block_size))
+        fresh = tuple(int(t) for t in rng.integers(1, cfg.vocab, size=n))
+        if r % 2 and r - 1 in reqs:  # share the earlier prompt's first blocks
+            base = reqs[r - 1][1]
+            keep = (len(base) // block_size) * block_size
+            fresh = base[:keep] + fresh[:max(1, n - keep)]
+        reqs[r] = (3 * r, fresh)
+    return Workload(reqs, new_tokens)
+
+
+def draft_is_right(seed: int, req_id: int, position: int, miss: float) -> bool:
+    """Whether the drafter proposes the true token at ``position`` (a fixed function of
+    its arguments, so every run of a workload drafts the same tokens)."""
+    h = hashlib.sha256(f"{seed}/{req_id}/{position}".encode()).digest()
+    return int.from_bytes(h[:4], "little") / 2**32 >= miss
+
+
+def perturbed_drafter(seed: int, vocab: int, miss: float = 0.3):
+    """The true continuation with a fraction ``miss`` of its tokens replaced by another
+    id: acceptance varies from 1 to 1 + S per step."""
+    def drafter(req, max_drafts: int) -> List[int]:
+        out = []
+        for j in range(max_drafts):
+            pos = req.known + j
+            t = req.tokens[pos]
+            out.append(t if draft_is_right(seed, req.req_id, pos, miss) else t % (vocab - 1) + 1)
+        return out
+    return drafter
+
+
+@dataclass
+class Served:
+    """What one serving run produced: logits per computed position, the tokens of the
+    prefix cache it used and recomputed, draft counts, the copies of every step."""
+
+    logits: Logits = field(default_factory=dict)
+    hit_tokens: Dict[int, int] = field(default_factory=dict)
+    computed_tokens: int = 0
+    drafts: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+
+def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]],
+          step: Callable, *, block_size: int, num_spec: int, num_blocks: int,
+          caching: bool = True, seed: int = 0, miss: float = 0.3, max_num_seqs: int = 4,
+          max_num_tokens: int = 16) -> Served:
+    """Serve ``workload`` (whose greedy continuations are ``outputs``) through ``step``:
+    ``step(batch, tokens, cu_seqlens, sample) -> logits [T, vocab]`` runs the bookkeeping,
+    the model and the post-process for one :class:`StepBatch` (``sample()`` returns the
+    accepted counts). Checks the argmax at every accepted position; returns
+    :class:`Served`."""
+    cache = cfg.cache_config(block_size, num_spec)
+    max_len = max(len(p) for _, p in workload.requests.values()) + workload.new_tokens
+    sched = Scheduler(cache, num_blocks, max_num_seqs=max_num_seqs,
+                      max_num_tokens=max_num_tokens, max_model_len=max_len,
+                      drafter=perturbed_drafter(seed, cfg.vocab, miss),
+                      enable_prefix_caching=caching)
+    out = Served()
+    pending, t = dict(workload.requests), 0
+    while pending or sched.has_unfinished():
+        for rid in sorted(r for r, (at, _) in pending.items() if at <= t):
+            _, prompt = pending.pop(rid)
+            sched.add_request(rid, prompt, outputs[rid])
+        t += 1
+        if not sched.has_unfinished():
+            continue
+        batch = sched.schedule()
+        for rid in batch.req_ids:
+            if rid >= 0 and int(rid) not in out.hit_tokens:
+                out.hit_tokens[int(rid)] = sched.requests[int(rid)].hit_tokens
+        before = {int(r): (sched.requests[int(r)].num_computed, sched.requests[int(r)].prefill_done)
+                  for r in batch.req_ids if r >= 0}
+        tokens = np.array([x for row in batch.tokens for x in row], np.int64)
+        logits = np.asarray(step(batch, tokens, batch.cu_seqlens, lambda: sched.sample(batch)))
+        ns = sched.sample(batch)
+        cu = batch.cu_seqlens
+        for b, rid in enumerate(batch.req_ids):
+            if rid < 0:
+                continue
+            req = sched.requests[int(rid)]
+            nc, decoding = before[int(rid)]
+            n = int(batch.query_len[b])
+            valid = int(ns[b]) if decoding else n  # spec positions past the accepted: drafts
+            for j in range(valid):
+                out.logits[(int(rid), nc + j)] = logits[cu[b] + j]
+            for j in range(int(ns[b])):  # every accepted token is the model's argmax
+                want = req.tokens[nc + j + 1] if decoding else req.tokens[nc + n]
+                got = int(np.argmax(logits[cu[b] + (j if decoding else n - 1)]))
+                if got != want:
+                    raise AssertionError(f"request {int(rid)} position {nc + j + 1}: the "
+                                         f"model's argmax is {got}, its continuation {want}")
+            out.computed_tokens += n
+            if decoding:
+                out.drafts += n - 1
+                out.accepted += max(0, int(ns[b]) - 1)
+        sched.update(batch, ns)
+        out.steps += 1
+    return out
+
+
+def generate(forward_one: Callable, workload: Workload) -> Tuple[Dict[int, List[int]], Logits]:
+    """Each request's greedy continuation and its logits, the model run on one request at
+    a time without a cache: ``forward_one(tokens, read, write) -> logits`` runs a single
+    non-spec row from state block ``read`` (-1: empty) into block ``write``."""
+    outputs: Dict[int, List[int]] = {}
+    logits: Logits = {}
+    for rid, (_, prompt) in workload.requests.items():
+        seq = list(prompt)
+        lg = np.asarray(forward_one(seq, -1, 1))
+        for j in range(len(seq)):
+            logits[(rid, j)] = lg[j]
+        read = 1
+        for _ in range(workload.new_tokens):
+            seq.append(int(np.argmax(logits[(rid, len(seq) - 1)])))
+            if len(seq) - len(prompt) == workload.new_tokens:
+                break
+            write = 3 - read
+            logits[(rid, len(seq) - 1)] = np.asarray(forward_one(seq[-1:], read, write))[0]
+            read = write
+        outputs[rid] = seq[len(prompt):]
+    return outputs, logits
+
+
+def compare(a: Logits, b: Logits) -> Tuple[int, int]:
+    """``(positions both computed, positions whose logits differ in any bit)``."""
+    common = sorted(set(a) & set(b))
+    return len(common), sum(not np.array_equal(a[k], b[k]) for k in common)
