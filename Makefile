@@ -1,5 +1,6 @@
 # make test  : create .venv with the CI pins if needed, install the package, run pytest
-# make demo  : same set-up, then run the main example
+# make demo  : same set-up, then serve the small GDN model with prefix caching from torch
+#              and JAX (examples/serve_demo.py; writes demo_tokens_saved.png)
 # make gpu   : on the GPU machine (device tool): the image's torch/triton, the whole test
 #              suite compiled on the GPU (gpu-test), the fuzz suite at 5000 examples per
 #              backend (gpu-fuzz), compute-sanitizer over the kernel tests (sanitize), then
@@ -9,7 +10,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
-          hypothesis==6.170.17 pytest==9.2.0
+          hypothesis==6.170.17 pytest==9.2.0 matplotlib==3.11.2
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 
@@ -28,7 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: $(STAMP)
-	$(PY) examples/simulate_prefix_cache.py
+	$(PY) examples/serve_demo.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from hybrid_model import ModelConfig
@@ -32,21 +32,25 @@ class Workload:
     new_tokens: int
 
 
-def shared_prefix_workload(cfg: ModelConfig, seed: int, num_requests: int, block_size: int,
-                           new_tokens: int) -> Workload:
-    """Prompts of 1 to 3 blocks plus a tail, every second one continuing an earlier
-    prompt past a block boundary (a prefix-cache hit when it arrives after it)."""
+def multi_turn_workload(cfg: ModelConfig, seed: int, conversations: int, block_size: int,
+                        new_tokens: int, forward_one: Callable
+                        ) -> Tuple[Workload, Dict[int, List[int]], Logits]:
+    """Chats of two turns: a first prompt of 1 to 3 blocks plus a tail, then, arriving
+    later, a second request whose prompt is the first prompt, the model's answer to it
+    and a new user message: the second turn finds the first turn's snapshots (prefill and
+    decode boundaries alike) in the prefix cache. Request ``2c`` / ``2c + 1`` are
+    conversation ``c``'s turns. Returns the workload, every request's greedy continuation
+    and the logits of running each request alone (:func:`generate`)."""
     rng = np.random.default_rng(seed)
-    reqs: Dict[int, Tuple[int, Tuple[int, ...]]] = {}
-    for r in range(num_requests):
-        n = int(rng.integers(1, 4)) * block_size + int(rng.integers(1, block_size))
-        fresh = tuple(int(t) for t in rng.integers(1, cfg.vocab, size=n))
-        if r % 2 and r - 1 in reqs:  # share the earlier prompt's first blocks
-            base = reqs[r - 1][1]
-            keep = (len(base) // block_size) * block_size
-            fresh = base[:keep] + fresh[:max(1, n - keep)]
-        reqs[r] = (3 * r, fresh)
-    return Workload(reqs, new_tokens)
+    words = lambda n: tuple(int(t) for t in rng.integers(1, cfg.vocab, size=n))  # noqa: E731
+    first = {2 * c: (c, words(int(rng.integers(1, 4)) * block_size
+                              + int(rng.integers(1, block_size))))
+             for c in range(conversations)}
+    out1, lg1 = generate(forward_one, Workload(first, new_tokens))
+    second = {r + 1: (8 + 2 * (r // 2), p + tuple(out1[r]) + words(int(rng.integers(1, 4))))
+              for r, (_, p) in first.items()}
+    out2, lg2 = generate(forward_one, Workload(second, new_tokens))
+    return (Workload({**first, **second}, new_tokens), {**out1, **out2}, {**lg1, **lg2})
 
 
 def draft_is_right(seed: int, req_id: int, position: int, miss: float) -> bool:
@@ -80,17 +84,20 @@ class Served:
     drafts: int = 0
     accepted: int = 0
     steps: int = 0
+    #: (request, tokens, the block's states) of every block entering the prefix cache
+    cached: List[Tuple[int, int, Dict[str, np.ndarray]]] = field(default_factory=list)
 
 
 def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]],
           step: Callable, *, block_size: int, num_spec: int, num_blocks: int,
           caching: bool = True, seed: int = 0, miss: float = 0.3, max_num_seqs: int = 4,
-          max_num_tokens: int = 16) -> Served:
+          max_num_tokens: int = 16, snapshot: Optional[Callable] = None) -> Served:
     """Serve ``workload`` (whose greedy continuations are ``outputs``) through ``step``:
     ``step(batch, tokens, cu_seqlens, sample) -> logits [T, vocab]`` runs the bookkeeping,
     the model and the post-process for one :class:`StepBatch` (``sample()`` returns the
-    accepted counts). Checks the argmax at every accepted position; returns
-    :class:`Served`."""
+    accepted counts). Checks the argmax at every accepted position; with ``snapshot``
+    (``block -> {state: array}``), keeps the states of every block the scheduler records
+    in the prefix cache, as they are when it records them. Returns :class:`Served`."""
     cache = cfg.cache_config(block_size, num_spec)
     max_len = max(len(p) for _, p in workload.requests.values()) + workload.new_tokens
     sched = Scheduler(cache, num_blocks, max_num_seqs=max_num_seqs,
@@ -135,7 +142,9 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
             if decoding:
                 out.drafts += n - 1
                 out.accepted += max(0, int(ns[b]) - 1)
-        sched.update(batch, ns)
+        result = sched.update(batch, ns)
+        if snapshot is not None:
+            out.cached += [(c.req_id, c.num_tokens, snapshot(c.block)) for c in result.cached]
         out.steps += 1
     return out
 

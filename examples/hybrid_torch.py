@@ -91,7 +91,7 @@ def new_pools(cache, num_blocks: int, device) -> Dict[str, torch.Tensor]:
 
 def single_row(model: TorchModel, num_spec: int):
     """``forward_one(tokens, read, write)`` for ``hybrid_serving.generate``: one non-spec
-    row through private pools of 3 blocks; logits as NumPy."""
+    row through private pools of 3 blocks (``forward_one.pools``); logits as NumPy."""
     cache = model.cfg.cache_config(num_spec + 1, num_spec)  # (only its pool shapes)
     pools = new_pools(cache, 3, model.device)
     errors = torch.from_numpy(new_errors()).to(model.device)
@@ -104,6 +104,7 @@ def single_row(model: TorchModel, num_spec: int):
                            ids(False))
         raise_errors(errors.cpu().numpy())
         return lg.cpu().numpy()
+    forward_one.pools = pools  # the state it left in each of its blocks
     return forward_one
 
 
@@ -123,4 +124,5 @@ def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor]):
                                i32(cu_seqlens).long(), blocks, spec)
         runner.postprocess(pools, idx, q, spec, i32(sample()), bt)
         return logits.cpu().numpy()
+    step.snapshot = lambda block: {n: p[:, block].cpu().numpy() for n, p in pools.items()}
     return step

@@ -3,7 +3,7 @@ pre-copy and copy-free mode, on symbolic state pools.
 
 Every state in the simulation is a label of the exact token prefix it summarises, so each
 step proves that every request read the right state (and every cached block holds the
-state at its boundary). Run: ``make demo`` or ``python examples/simulate_prefix_cache.py``.
+state at its boundary). Run: ``python examples/simulate_prefix_cache.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ CONFIG = CacheConfig(
 
 
 def drafter(req, max_drafts):
-    """A draft model that is right 70% of the time per token (wrong drafts: token -1)."""
+    """A draft model that is right 70% of the time per token (wrong drafts: token -1),
+    a fixed function of the request and its position."""
     rng = random.Random(hash((req.req_id, req.known)))
     out = []
     for t in req.tokens[req.known : req.known + max_drafts]:
@@ -34,8 +35,10 @@ def drafter(req, max_drafts):
 
 
 def run(mode: str, prefix_caching: bool, users: int = 6, turns: int = 4) -> dict:
-    rng = random.Random(0)
-    system = [rng.randrange(1000) for _ in range(40)]  # shared system prompt
+    """One run of the chat workload. Its content depends only on (user, turn), never on
+    the order in which requests finish, so every run serves the same messages, outputs
+    and drafts: the rows of the table compare like with like."""
+    system = [random.Random("system").randrange(1000) for _ in range(40)]  # shared prompt
     sched = Scheduler(CONFIG, num_blocks=64, max_num_seqs=4, max_num_tokens=96,
                       max_model_len=2048, drafter=drafter,
                       enable_prefix_caching=prefix_caching)
@@ -43,15 +46,14 @@ def run(mode: str, prefix_caching: bool, users: int = 6, turns: int = 4) -> dict
     history = {u: list(system) for u in range(users)}
     turn = {u: 0 for u in range(users)}
     owner = {}
-    next_id = 0
 
     def submit(u):
-        nonlocal next_id
+        rng = random.Random(f"{u}/{turn[u]}")  # this turn's message and answer
         history[u] += [rng.randrange(1000) for _ in range(rng.randrange(5, 30))]  # user msg
         output = [rng.randrange(1000) for _ in range(rng.randrange(10, 40))]
-        sched.add_request(next_id, history[u], output)
-        owner[next_id] = (u, output)
-        next_id += 1
+        rid = u * turns + turn[u]  # the drafter's randomness is keyed by the request id
+        sched.add_request(rid, history[u], output)
+        owner[rid] = (u, output)
 
     for u in range(users):
         submit(u)
@@ -83,7 +85,8 @@ def run(mode: str, prefix_caching: bool, users: int = 6, turns: int = 4) -> dict
 
 
 def main() -> None:
-    print(f"B={B} S={S}: 6 users x 4 turns sharing a 40-token system prompt\n")
+    print(f"B={B} S={S}: 6 users x 4 turns sharing a 40-token system prompt (the same "
+          "workload in every row)\n")
     header = f"{'mode':10} {'caching':8} {'steps':>6} {'prefill tok':>11} {'from cache':>10} " \
              f"{'copies':>7} {'preempt':>7} {'rows checked':>12}"
     print(header)

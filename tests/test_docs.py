@@ -34,13 +34,37 @@ def test_readme_python_blocks_run(capsys):
         assert got == want, f"README block {i} printed {lines}"
 
 
-def test_demo_example_runs():
+def test_demo_serves_the_model_and_its_checks_pass(tmp_path):
+    # make demo's script on a smaller workload (the full one: tests/test_e2e.py's checks)
+    png = tmp_path / "saved.png"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "serve_demo.py"), "--conversations", "2",
+         "--new-tokens", "4", "--png", str(png)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for check in ("cached == uncached", "torch == JAX", "pre-copy == copy-free",
+                  "cached == each request alone"):
+        assert re.search(rf"PASS  {re.escape(check)}: [1-9]\d* positions compared, 0 differ",
+                         out.stdout), out.stdout
+    assert png.stat().st_size > 0
+
+
+def test_simulation_example_runs_and_compares_like_with_like():
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "simulate_prefix_cache.py")],
         capture_output=True, text=True, timeout=300,
     )
     assert out.returncode == 0, out.stderr
     assert "every row read exactly the state of its token prefix" in out.stdout
+    # every row serves the same workload: the prompt tokens computed without the cache are
+    # those computed with it plus those it served
+    rows = [line.split() for line in out.stdout.splitlines()
+            if line.startswith(("pre-copy", "copy-free"))]
+    assert len(rows) == 4
+    for mode in ("pre-copy", "copy-free"):
+        off, on = ([int(x) for x in r[2:5]] for r in rows if r[0] == mode)
+        assert on[2] > 0 and off[1] == on[1] + on[2]
 
 
 @pytest.mark.parametrize("example", ["torch_serving_loop.py", "jax_serving_loop.py"])

@@ -1,5 +1,6 @@
 """End to end: the hybrid model served with align-mode prefix caching (examples/
-hybrid_serving.py) on a workload with shared prefixes and speculative drafts. Every
+hybrid_serving.py) on two-turn chats (the second turn resumes from snapshots of the first
+turn's prompt and answer) with speculative drafts. Every
 position's logits, served with the cache, without it, in copy-free mode and from JAX, are
 the bits of the model run on each request alone without a cache; a snapshot corrupted
 after its post-process copy makes the check fail."""
@@ -12,12 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from hybrid_model import TINY, init_weights  # noqa: E402
-from hybrid_serving import compare, generate, serve, shared_prefix_workload  # noqa: E402
+from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
 
-B, S, NB, SLOTS = 4, 2, 40, 4
+B, S, NB, SLOTS = 4, 2, 48, 4
 CACHE = TINY.cache_config(B, S)
 WEIGHTS = init_weights(TINY, seed=0)
-WORKLOAD = shared_prefix_workload(TINY, seed=0, num_requests=4, block_size=B, new_tokens=6)
 
 
 @pytest.fixture(scope="module")
@@ -29,41 +29,66 @@ def torch_model():
 
 @pytest.fixture(scope="module")
 def plain(torch_model):
-    """Each request's greedy continuation and logits, run alone without a cache."""
+    """The workload, each request's greedy continuation, and its logits run alone
+    without a cache."""
     from hybrid_torch import single_row
-    return generate(single_row(torch_model, S), WORKLOAD)
+    return multi_turn_workload(TINY, seed=0, conversations=2, block_size=B, new_tokens=6,
+                               forward_one=single_row(torch_model, S))
 
 
-def serve_torch(model, outputs, *, caching=True, mode="pre-copy", runner_type=None):
+def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None):
     from hybrid_torch import new_pools, serving_step
 
     from mamba_align.backends.torch import StateRunner
     runner = (runner_type or StateRunner)(CACHE, SLOTS, model.device, mode=mode)
     pools = new_pools(CACHE, NB, model.device)
-    served = serve(TINY, WORKLOAD, outputs, serving_step(model, runner, pools), block_size=B,
-                   num_spec=S, num_blocks=NB, caching=caching)
+    workload, outputs, _ = plain
+    step = serving_step(model, runner, pools)
+    served = serve(TINY, workload, outputs, step, block_size=B, num_spec=S, num_blocks=NB,
+                   caching=caching, snapshot=step.snapshot)
     runner.raise_errors()
     return served
 
 
 def test_the_workload_hits_the_cache_and_drafts_vary(torch_model, plain):
-    served = serve_torch(torch_model, plain[0])
-    assert sum(served.hit_tokens.values()) >= 2 * B  # two requests resume from a prefix
+    served = serve_torch(torch_model, plain)
+    # both second turns resume from a prefix, one from a snapshot taken while decoding
+    assert sorted(r for r, n in served.hit_tokens.items() if n) == [1, 3]
+    assert max(served.hit_tokens.values()) > len(plain[0].requests[0][1])
     assert 0 < served.accepted < served.drafts  # some drafts accepted, some rejected
-    common, differ = compare(served.logits, plain[1])
+    common, differ = compare(served.logits, plain[2])
     assert common >= 40 and differ == 0
+
+
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, mode):
+    # each block recorded in the prefix cache, as it was then, against the request's first
+    # n tokens run alone from an empty state: the recurrent state and the conv history
+    from hybrid_torch import single_row
+    served = serve_torch(torch_model, plain, mode=mode)
+    assert len(served.cached) >= 4
+    workload, outputs, _ = plain
+    K = TINY.conv_kernel
+    for rid, n, got in served.cached:
+        tokens = (list(workload.requests[rid][1]) + list(outputs[rid]))[:n]
+        alone = single_row(torch_model, S)
+        alone(tokens, -1, 1)
+        want = {name: p[:, 1].cpu().numpy() for name, p in alone.pools.items()}
+        np.testing.assert_array_equal(got["ssm"], want["ssm"], err_msg=f"{rid} at {n}")
+        np.testing.assert_array_equal(got["conv"][..., :K - 1], want["conv"][..., :K - 1],
+                                      err_msg=f"{rid} at {n}")
 
 
 def test_cached_equals_uncached_bit_for_bit(torch_model, plain):
-    on, off = (serve_torch(torch_model, plain[0], caching=c) for c in (True, False))
+    on, off = (serve_torch(torch_model, plain, caching=c) for c in (True, False))
     assert on.computed_tokens < off.computed_tokens  # the hits saved work
     common, differ = compare(on.logits, off.logits)
     assert common >= 40 and differ == 0
-    assert compare(off.logits, plain[1]) == (len(off.logits), 0)
+    assert compare(off.logits, plain[2]) == (len(off.logits), 0)
 
 
 def test_copy_free_equals_pre_copy_bit_for_bit(torch_model, plain):
-    pre, free = (serve_torch(torch_model, plain[0], mode=m) for m in ("pre-copy", "copy-free"))
+    pre, free = (serve_torch(torch_model, plain, mode=m) for m in ("pre-copy", "copy-free"))
     assert compare(pre.logits, free.logits) == (len(pre.logits), 0)
     assert pre.logits.keys() == free.logits.keys()
 
@@ -72,9 +97,9 @@ def test_torch_equals_jax_bit_for_bit(torch_model, plain):
     from hybrid_jax import load_weights, new_pools, serving_step
 
     from mamba_align.backends import jax as mj
-    want = serve_torch(torch_model, plain[0])
+    want = serve_torch(torch_model, plain)
     step = serving_step(TINY, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
-    got = serve(TINY, WORKLOAD, plain[0], step, block_size=B, num_spec=S, num_blocks=NB)
+    got = serve(TINY, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
     assert mj.errors(step.carry["state"]) == []
     assert got.logits.keys() == want.logits.keys()
     assert compare(got.logits, want.logits) == (len(want.logits), 0)
@@ -94,9 +119,9 @@ def test_a_corrupted_snapshot_is_caught(torch_model, plain):
             return cols
 
     try:
-        broken = serve_torch(torch_model, plain[0], runner_type=BrokenSnapshots)
+        broken = serve_torch(torch_model, plain, runner_type=BrokenSnapshots)
     except AssertionError as e:  # an argmax left the continuation
         assert "argmax" in str(e)
         return
-    common, differ = compare(broken.logits, plain[1])
+    common, differ = compare(broken.logits, plain[2])
     assert differ > 0
