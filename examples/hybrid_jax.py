@@ -1,17 +1,17 @@
 """The hybrid model of ``hybrid_model.py`` on the library's kernels, from JAX: the twin of
 ``hybrid_torch.py``, as a pure function (jit it with the pools and the error flag
-donated). The same launches with the same arrays, so a row's logits are the same bits as
-from torch.
+donated). The same launches on arrays of the same shapes and dtypes, so a row's logits are
+the same bits as from torch.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple, Tuple
+from typing import Dict, Mapping, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hybrid_model import ModelConfig
+from hybrid_model import Blocks, ModelConfig
 
 from mamba_align.backends import jax as mj
 from mamba_align.backends.jax import ops
@@ -64,14 +64,6 @@ def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, ja
     return logits, {**pools, "conv": conv, "ssm": ssm}, errors
 
 
-class _Blocks(NamedTuple):
-    temporal_read: jax.Array
-    conv_read: jax.Array
-    conv_read_bias: jax.Array
-    temporal_write: jax.Array
-    conv_write: jax.Array
-
-
 def new_pools(cache, num_blocks: int) -> Dict[str, jax.Array]:
     """Zeroed pools of every state of ``cache`` (a ``CacheConfig``) in their dtypes."""
     return {n: jnp.zeros(cache.pool_shape(n, num_blocks), s.dtype)
@@ -90,7 +82,7 @@ def single_row(cfg: ModelConfig, w, num_spec: int):
     ids = lambda *v: jnp.asarray(np.array(v), jnp.int32)  # noqa: E731
 
     def forward_one(tokens, read: int, write: int) -> np.ndarray:
-        blocks = _Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
+        blocks = Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
                          ids(write))
         lg, carry["pools"], carry["errors"] = jitted_forward(
             cfg, w, carry["pools"], carry["errors"], ids(*tokens), ids(0, len(tokens)),

@@ -21,7 +21,7 @@ state is fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Sequence
+from typing import Any, Dict, NamedTuple, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -65,6 +65,17 @@ class ModelConfig:
         return CacheConfig(block_size, num_spec, self.layers, {
             "conv": ConvSpec(self.conv_kernel, self.d_conv, "DS", self.dtype),
             "ssm": TemporalSpec((self.value_heads, self.head_v, self.head_k), "float32")})
+
+
+class Blocks(NamedTuple):
+    """The state blocks one step's rows read and write (the fields of a runner's resolved
+    blocks the model uses): int ``[N]``, ``temporal_write`` ``[N, 1 + S]``."""
+
+    temporal_read: Any
+    conv_read: Any
+    conv_read_bias: Any
+    temporal_write: Any
+    conv_write: Any
 
 
 #: runs in seconds in Triton's interpreter

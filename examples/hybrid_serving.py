@@ -37,8 +37,9 @@ def multi_turn_workload(cfg: ModelConfig, seed: int, conversations: int, block_s
                         ) -> Tuple[Workload, Dict[int, List[int]], Logits]:
     """Chats of two turns: a first prompt of 1 to 3 blocks plus a tail, then, arriving
     later, a second request whose prompt is the first prompt, the model's answer to it
-    and a new user message: the second turn finds the first turn's snapshots (prefill and
-    decode boundaries alike) in the prefix cache. Request ``2c`` / ``2c + 1`` are
+    and a new user message: the second turn resumes from the latest of the first turn's
+    snapshots (with answers of a block or more, one taken while it decoded). Request
+    ``2c`` / ``2c + 1`` are
     conversation ``c``'s turns. Returns the workload, every request's greedy continuation
     and the logits of running each request alone (:func:`generate`)."""
     rng = np.random.default_rng(seed)
@@ -91,11 +92,14 @@ class Served:
 def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]],
           step: Callable, *, block_size: int, num_spec: int, num_blocks: int,
           caching: bool = True, seed: int = 0, miss: float = 0.3, max_num_seqs: int = 4,
-          max_num_tokens: int = 16, snapshot: Optional[Callable] = None) -> Served:
+          max_num_tokens: int = 16, snapshot: Optional[Callable] = None,
+          check_argmax: bool = True) -> Served:
     """Serve ``workload`` (whose greedy continuations are ``outputs``) through ``step``:
     ``step(batch, tokens, cu_seqlens, sample) -> logits [T, vocab]`` runs the bookkeeping,
     the model and the post-process for one :class:`StepBatch` (``sample()`` returns the
-    accepted counts). Checks the argmax at every accepted position; with ``snapshot``
+    accepted counts). Checks the argmax at every accepted position (unless not
+    ``check_argmax``); a position computed twice (after a preemption) must give the same
+    bits both times. With ``snapshot``
     (``block -> {state: array}``), keeps the states of every block the scheduler records
     in the prefix cache, as they are when it records them. Returns :class:`Served`."""
     cache = cfg.cache_config(block_size, num_spec)
@@ -131,12 +135,16 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
             n = int(batch.query_len[b])
             valid = int(ns[b]) if decoding else n  # spec positions past the accepted: drafts
             for j in range(valid):
-                out.logits[(int(rid), nc + j)] = logits[cu[b] + j]
-            for j in range(int(ns[b])):  # every accepted token is the model's argmax
-                want = req.tokens[nc + j + 1] if decoding else req.tokens[nc + n]
-                got = int(np.argmax(logits[cu[b] + (j if decoding else n - 1)]))
+                key, row = (int(rid), nc + j), logits[cu[b] + j]
+                if key in out.logits and not np.array_equal(out.logits[key], row):
+                    raise AssertionError(f"request {key[0]} position {key[1]}: recomputed "
+                                         "with other bits")
+                out.logits[key] = row
+            for j in range(int(ns[b]) if check_argmax else 0):  # accepted: the argmax
+                at = nc + j if decoding else nc + n - 1  # the position whose logits predict
+                want, got = req.tokens[at + 1], int(np.argmax(logits[cu[b] + at - nc]))
                 if got != want:
-                    raise AssertionError(f"request {int(rid)} position {nc + j + 1}: the "
+                    raise AssertionError(f"request {int(rid)} position {at + 1}: the "
                                          f"model's argmax is {got}, its continuation {want}")
             out.computed_tokens += n
             if decoding:

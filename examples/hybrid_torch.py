@@ -2,18 +2,19 @@
 forward pass over a varlen batch, reading and writing the state blocks a runner resolved.
 
 Every arithmetic operation is a kernel of the library (or an fp32 addition, which is exact
-IEEE in either framework); slices are made contiguous as JAX makes them, so each launch
-sees the arrays the JAX twin (``hybrid_jax.py``) hands it, and a row's logits are the
-same bits in either framework and in any batch.
+IEEE in either framework); slices are made contiguous, as JAX's are, and the tokens and
+``cu_seqlens`` are int32, as JAX's are without x64 (the block ids of torch's runner are
+int64: an index dtype, which changes no arithmetic), so a row's logits are the same bits
+in either framework and in any batch.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple
+from typing import Dict, Mapping
 
 import numpy as np
 import torch
-from hybrid_model import ModelConfig
+from hybrid_model import Blocks, ModelConfig
 
 from mamba_align.backends.torch import ops
 from mamba_align.core import new_errors, raise_errors
@@ -75,14 +76,6 @@ class TorchModel:
         return ops.linear(h, w["lm_head"])["y"].float()
 
 
-class _Blocks(NamedTuple):
-    temporal_read: torch.Tensor
-    conv_read: torch.Tensor
-    conv_read_bias: torch.Tensor
-    temporal_write: torch.Tensor
-    conv_write: torch.Tensor
-
-
 def new_pools(cache, num_blocks: int, device) -> Dict[str, torch.Tensor]:
     """Zeroed pools of every state of ``cache`` (a ``CacheConfig``) in their dtypes."""
     return {n: torch.zeros(cache.pool_shape(n, num_blocks), device=device,
@@ -95,13 +88,13 @@ def single_row(model: TorchModel, num_spec: int):
     cache = model.cfg.cache_config(num_spec + 1, num_spec)  # (only its pool shapes)
     pools = new_pools(cache, 3, model.device)
     errors = torch.from_numpy(new_errors()).to(model.device)
-    ids = lambda *v: torch.tensor(v, device=model.device)  # noqa: E731
+    ids = lambda *v: torch.tensor(v, dtype=torch.int32, device=model.device)  # noqa: E731
 
     def forward_one(tokens, read: int, write: int) -> np.ndarray:
-        blocks = _Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
+        blocks = Blocks(ids(read), ids(read), ids(0), ids([write] + [-1] * num_spec),
                          ids(write))
         lg = model.forward(pools, errors, ids(*tokens), ids(0, len(tokens)), blocks,
-                           ids(False))
+                           torch.tensor([False], device=model.device))
         raise_errors(errors.cpu().numpy())
         return lg.cpu().numpy()
     forward_one.pools = pools  # the state it left in each of its blocks
@@ -120,8 +113,8 @@ def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor]):
         idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
         spec = torch.as_tensor(np.asarray(batch.is_spec), device=dev)
         blocks = runner.preprocess(pools, idx, q, spec, bt)
-        logits = model.forward(pools, runner.error_flag, i32(tokens).long(),
-                               i32(cu_seqlens).long(), blocks, spec)
+        logits = model.forward(pools, runner.error_flag, i32(tokens), i32(cu_seqlens), blocks,
+                               spec)
         runner.postprocess(pools, idx, q, spec, i32(sample()), bt)
         return logits.cpu().numpy()
     step.snapshot = lambda block: {n: p[:, block].cpu().numpy() for n, p in pools.items()}

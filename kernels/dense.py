@@ -6,14 +6,17 @@ A row's result never depends on the other rows of the launch or on the framework
 launched it: tiles are constants (never chosen from the batch), sums run in fp32 in a fixed
 order (the K loop of a projection in ``BLOCK_K`` steps; a norm's row in one tile), a
 projection multiplies in fp32 with ``input_precision="ieee"`` (no TF32; bf16 / fp16
-inputs are widened first, which is exact, and which Triton's interpreter needs), and the kernels are compiled alike from
-torch and JAX (:func:`same_binary_jit`). Rows of a projection go in tiles of ``BLOCK_M``:
-a row's sum is the same in any tile position, so padding rows change nothing.
+inputs are widened first, which is exact, and which Triton's interpreter needs), and the
+kernels are compiled alike from torch and JAX (:func:`same_binary_jit`). Rows of a
+projection go in tiles of ``BLOCK_M``: a row's sum is the same in any tile position, so
+padding rows change nothing.
 """
 
 from __future__ import annotations
 
 import functools
+import struct
+from typing import Optional
 
 import triton
 import triton.language as tl
@@ -66,7 +69,8 @@ def _rms_norm(x_ptr, z_ptr, weight_ptr, dim, x_stride, z_stride, eps, y_ptr,
     mask = d < dim
     x = tl.load(x_ptr + row * x_stride + d, mask=mask, other=0).to(tl.float32)
     w = tl.load(weight_ptr + d, mask=mask, other=0).to(tl.float32)
-    inv = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(x * x, axis=0), dim.to(tl.float32)) + eps))
+    # (dim * 1.0: a dim of 1 reaches the kernel as a constant, not a tensor)
+    inv = tl.div_rn(1.0, tl.sqrt_rn(tl.div_rn(tl.sum(x * x, axis=0), dim * 1.0) + eps))
     y = x * inv * w
     if GATED:  # Qwen3-Next's gated norm: norm(x) * weight * silu(z)
         z = tl.load(z_ptr + row * z_stride + d, mask=mask, other=0).to(tl.float32)
@@ -152,7 +156,17 @@ def plan_linear(x: ArraySpec, weight: ArraySpec) -> LaunchPlan:
     )
 
 
-def _plan_norm(x, z, weight, eps, gated):
+def _fp32(v: float) -> float:
+    """``v`` rounded to fp32 (what the kernel receives); inf when out of its range."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return float("inf")
+
+
+def _plan_norm(x: ArraySpec, z: Optional[ArraySpec], weight: ArraySpec, eps: float,
+               gated: bool) -> LaunchPlan:
+    """The plan of :data:`RMS_NORM` (``z`` None) or :data:`RMS_NORM_GATED`."""
     _check_rows("x", x)
     M, D = x.shape
     if not 1 <= D <= MAX_NORM_DIM:
@@ -160,9 +174,10 @@ def _plan_norm(x, z, weight, eps, gated):
     if gated:
         check_array("z", z, (M, D), FLOAT_DTYPES)
     check_array("weight", weight, (D,), FLOAT_DTYPES)
-    if isinstance(eps, bool) or not isinstance(eps, float) or not eps > 0:
-        raise ValueError(f"eps must be a float > 0, got {eps!r}")
-    scalars = (("dim", D), ("x_stride", x.strides[0])) +         ((("z_stride", z.strides[0]),) if gated else ()) + (("eps", eps),)
+    if isinstance(eps, bool) or not isinstance(eps, float) or not 0 < _fp32(eps) < float("inf"):
+        raise ValueError(f"eps must be a float > 0 that fp32 holds, got {eps!r}")
+    scalars = ((("dim", D), ("x_stride", x.strides[0]))
+               + ((("z_stride", z.strides[0]),) if gated else ()) + (("eps", eps),))
     return LaunchPlan(
         kernel=rms_norm_gated_kernel if gated else rms_norm_kernel,
         grid=(max(1, M),),

@@ -6,8 +6,9 @@ reduction (``tl.sum``) adds in the order that layout gives. torch's launcher tel
 compiler which integer arguments are multiples of 16; jax-triton 0.3 tells it nothing
 about integers (both treat an integer equal to 1 as a constant). Array pointers stay
 specialized: jax-triton calls every one 16-byte aligned (JAX buffers are), torch those
-whose address is, so a torch view starting off a 16-byte boundary still compiles a binary
-of its own. The same kernel then compiled to different layouts from torch and JAX
+whose address is, so a torch view starting off a 16-byte boundary would compile a binary of
+its own: the torch launcher copies such an input to fresh storage (and refuses such an
+in-place array) for these kernels. The same kernel then compiled to different layouts from torch and JAX
 and summed a dot product in a different order (a 1-ulp difference in the gated delta
 rule's output). Marking every scalar argument "not specialized on alignment" makes torch
 compile what jax-triton compiles; the kernels state the alignment they need themselves
@@ -24,7 +25,9 @@ import triton
 def same_binary_jit(fn):
     """``triton.jit(fn)`` with no alignment specialization of its scalar parameters: every
     parameter whose name does not end in ``_ptr`` and that is not a ``tl.constexpr``."""
-    return triton.jit(do_not_specialize_on_alignment=scalar_params(fn))(fn)
+    kernel = triton.jit(do_not_specialize_on_alignment=scalar_params(fn))(fn)
+    kernel.same_binary = True  # torch's launcher then keeps its pointers aligned, too
+    return kernel
 
 
 def scalar_params(fn) -> list:

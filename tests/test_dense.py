@@ -58,6 +58,12 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend, op):
     np.testing.assert_array_equal(device_backend.dense(op, *one)[0], full[17])
 
 
+def test_rows_of_one_element(backend):
+    # D = 1: on the GPU the launcher turns dim = 1 into a constant (the kernel must compile)
+    x, w = np.array([[2.0], [-3.0]], np.float32), np.array([1.5], np.float32)
+    np.testing.assert_allclose(backend.dense("rms_norm", x, w), [[1.5], [-1.5]], rtol=1e-5)
+
+
 def test_an_empty_batch_gives_an_empty_output(device_backend):
     x, w = arrays("linear", np.random.default_rng(3), np.float32, rows=0)
     assert device_backend.dense("linear", x, w).shape == (0, N)
@@ -76,8 +82,9 @@ def test_bad_linear_arguments_raise(device_backend, change, error):
 
 def test_bad_norm_arguments_raise(device_backend):
     x, w = arrays("rms_norm", np.random.default_rng(5), np.float32)
-    with pytest.raises(ValueError, match="eps must be a float > 0"):
-        device_backend.dense("rms_norm", x, w, eps=0.0)
+    for eps in (0.0, 1e-50, 1e39, float("nan")):  # 1e-50 is 0 in fp32, 1e39 past its range
+        with pytest.raises(ValueError, match="eps must be a float > 0"):
+            device_backend.dense("rms_norm", x, w, eps=eps)
     with pytest.raises(ValueError, match="weight must have shape"):
         device_backend.dense("rms_norm", x, w[:-1])
     big = np.zeros((1, kdense.MAX_NORM_DIM + 1), np.float32)
@@ -110,3 +117,20 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     args = (A(x), A(nw), A(w))
     np.testing.assert_array_equal(np.asarray(block(jops, *args)),
                                   np.asarray(jax.jit(lambda *a: block(jops, *a))(*args)))
+
+
+def test_a_torch_view_off_a_16_byte_boundary_gives_the_aligned_bits():
+    # jax-triton calls every pointer aligned; the torch launcher copies a misaligned input
+    # so that the kernel compiled for it is the same (on the GPU; the CPU has no alignment)
+    import torch
+
+    from mamba_align.backends.torch import ops as tops
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x, w = (torch.as_tensor(a, device=dev) for a in arrays("rms_norm", np.random.default_rng(7),
+                                                           np.float32))
+    buf = torch.zeros(D + 1, device=dev)
+    buf[1:] = w
+    off = buf[1:]  # 4 bytes past the allocation's start
+    assert off.data_ptr() % 16
+    assert torch.equal(tops.rms_norm(x, off)["y"], tops.rms_norm(x, w)["y"])
+    assert torch.equal(off, w)  # the input itself untouched

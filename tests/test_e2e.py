@@ -2,8 +2,8 @@
 hybrid_serving.py) on two-turn chats (the second turn resumes from snapshots of the first
 turn's prompt and answer) with speculative drafts. Every
 position's logits, served with the cache, without it, in copy-free mode and from JAX, are
-the bits of the model run on each request alone without a cache; a snapshot corrupted
-after its post-process copy makes the check fail."""
+the bits of the model run on each request alone without a cache; every block entering the
+prefix cache holds the state at its boundary; a corrupted cache hit makes the check fail."""
 
 import sys
 from pathlib import Path
@@ -36,7 +36,8 @@ def plain(torch_model):
                                forward_one=single_row(torch_model, S))
 
 
-def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None):
+def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None,
+                check_argmax=True):
     from hybrid_torch import new_pools, serving_step
 
     from mamba_align.backends.torch import StateRunner
@@ -45,16 +46,19 @@ def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None
     workload, outputs, _ = plain
     step = serving_step(model, runner, pools)
     served = serve(TINY, workload, outputs, step, block_size=B, num_spec=S, num_blocks=NB,
-                   caching=caching, snapshot=step.snapshot)
+                   caching=caching, snapshot=step.snapshot, check_argmax=check_argmax)
     runner.raise_errors()
     return served
 
 
 def test_the_workload_hits_the_cache_and_drafts_vary(torch_model, plain):
     served = serve_torch(torch_model, plain)
-    # both second turns resume from a prefix, one from a snapshot taken while decoding
+    # both second turns resume from a prefix, from a snapshot taken while the first turn
+    # was decoding (past the first turn's prompt)
+    workload = plain[0]
     assert sorted(r for r, n in served.hit_tokens.items() if n) == [1, 3]
-    assert max(served.hit_tokens.values()) > len(plain[0].requests[0][1])
+    for r in (1, 3):
+        assert served.hit_tokens[r] > len(workload.requests[r - 1][1])
     assert 0 < served.accepted < served.drafts  # some drafts accepted, some rejected
     common, differ = compare(served.logits, plain[2])
     assert common >= 40 and differ == 0
@@ -105,23 +109,36 @@ def test_torch_equals_jax_bit_for_bit(torch_model, plain):
     assert compare(got.logits, want.logits) == (len(want.logits), 0)
 
 
-def test_a_corrupted_snapshot_is_caught(torch_model, plain):
-    # negative control: a runner whose post-process leaves a wrong state in every block it
-    # hands to the prefix cache; the requests that resume from one must differ
+def test_a_corrupted_cache_hit_is_caught(torch_model, plain):
+    # negative control: a runner that corrupts the block a request resumes from when it is
+    # admitted with a prefix-cache hit. The requests that hit, and only they, must differ,
+    # from their first computed position on; without the cache nothing differs
     from mamba_align.backends.torch import StateRunner
 
-    class BrokenSnapshots(StateRunner):
-        def postprocess(self, pools, idx_mapping, query_len, is_spec, num_sampled, bt):
-            cols = super().postprocess(pools, idx_mapping, query_len, is_spec, num_sampled, bt)
-            for b in np.flatnonzero(cols.cpu().numpy() >= 0):
-                block = bt[idx_mapping[b].long(), cols[b]].long()
-                pools["ssm"][:, block] += 0.5
-            return cols
+    class CorruptsHits(StateRunner):
+        hits = []
 
-    try:
-        broken = serve_torch(torch_model, plain, runner_type=BrokenSnapshots)
-    except AssertionError as e:  # an argmax left the continuation
-        assert "argmax" in str(e)
-        return
-    common, differ = compare(broken.logits, plain[2])
-    assert differ > 0
+        def add_requests(self, slots, num_computed):
+            self.hits = [(s, n) for s, n in zip(slots.tolist(), num_computed.tolist())
+                         if s >= 0 and n > 0]
+            super().add_requests(slots, num_computed)
+
+        def preprocess(self, pools, idx_mapping, query_len, is_spec, bt):
+            for slot, n in self.hits:  # column n / B - 1 holds the state after n tokens
+                pools["ssm"][:, int(bt[slot, n // B - 1])] += 0.5
+            self.hits = []
+            return super().preprocess(pools, idx_mapping, query_len, is_spec, bt)
+
+    for caching in (True, False):
+        broken = serve_torch(torch_model, plain, caching=caching, runner_type=CorruptsHits,
+                             check_argmax=False)
+        differ = {k for k in broken.logits if not np.array_equal(broken.logits[k],
+                                                                 plain[2][k])}
+        hits = {r: n for r, n in broken.hit_tokens.items() if n}
+        if not caching:
+            assert not hits and not differ
+            continue
+        assert sorted(hits) == [1, 3]
+        assert {r for r, _ in differ} == set(hits)
+        for r, n in hits.items():  # its first computed position on
+            assert (r, n) in differ and all(p >= n for q, p in differ if q == r)

@@ -5,13 +5,12 @@ served in chunks through the state blocks giving the bits of the prompt served a
 
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from hybrid_model import TINY, init_weights, reference_logits  # noqa: E402
+from hybrid_model import TINY, Blocks, init_weights, reference_logits  # noqa: E402
 
 from mamba_align.core import new_errors  # noqa: E402
 
@@ -40,7 +39,7 @@ class TorchRun:
         """``rows``: per row ``(length, temporal_read, conv_read, conv_bias,
         temporal_write [1 + S], conv_write, is_spec)``; returns (logits, pools, errors)."""
         t = self.torch
-        T = lambda a, dt=t.int64: t.as_tensor(np.asarray(a), dtype=dt, device=self.dev)  # noqa
+        T = lambda a, dt=t.int32: t.as_tensor(np.asarray(a), dtype=dt, device=self.dev)  # noqa
         pools = {n: t.as_tensor(p.copy(), device=self.dev) for n, p in pools.items()}
         errors = t.as_tensor(new_errors(), device=self.dev)
         cu = np.concatenate([[0], np.cumsum([r[0] for r in rows])])
@@ -72,14 +71,6 @@ class JaxRun:
                                         A([r[6] for r in rows], bool))
         return np.asarray(logits), {n: np.asarray(p) for n, p in pools.items()}, \
             np.asarray(errors)
-
-
-class Blocks(NamedTuple):  # the fields the model reads of a runner's resolved blocks
-    temporal_read: Any
-    conv_read: Any
-    conv_read_bias: Any
-    temporal_write: Any
-    conv_write: Any
 
 
 RUNS = {"torch": TorchRun, "jax": JaxRun}

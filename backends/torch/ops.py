@@ -74,10 +74,27 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
         args = dict(arrays, **outs)
         for n, d in plan.views.items():  # copies see pools as same-width integers
             args[n] = arrays[n].view(dtype(d))
+        if getattr(plan.kernel, "same_binary", False) and dev.type == "cuda":
+            _align_inputs(plan, args)
         for out, src in plan.aliases.items():  # in place: the input passed twice
             args[out] = args[src]
         plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, num_warps=plan.num_warps)
     return outs
+
+
+def _align_inputs(plan: K.LaunchPlan, args: Dict[str, Tensor]) -> None:
+    """jax-triton calls every array 16-byte aligned; torch's launcher specializes on the
+    real address. For a kernel compiled alike from both (kernels/jit.py), an input that
+    starts off a 16-byte boundary is copied to fresh storage with the same strides (what
+    the plan was built for); an in-place array must be aligned."""
+    for n in plan.inputs:
+        t = args[n]
+        if t.numel() and t.data_ptr() % 16:
+            if n in plan.aliases.values():
+                raise ValueError(f"{n} starts {t.data_ptr() % 16} bytes past a 16-byte "
+                                 "boundary: an array updated in place must be aligned")
+            args[n] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                          device=t.device).copy_(t)
 
 
 _SCHEMA_TYPES = {int: "int", bool: "bool", float: "float", str: "str"}
