@@ -85,6 +85,7 @@ class Served:
     drafts: int = 0
     accepted: int = 0
     steps: int = 0
+    preemptions: int = 0
     #: (request, tokens, the block's states) of every block entering the prefix cache
     cached: List[Tuple[int, int, Dict[str, np.ndarray]]] = field(default_factory=list)
 
@@ -118,6 +119,7 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
         if not sched.has_unfinished():
             continue
         batch = sched.schedule()
+        out.preemptions += len(batch.preempted)
         for rid in batch.req_ids:
             if rid >= 0 and int(rid) not in out.hit_tokens:
                 out.hit_tokens[int(rid)] = sched.requests[int(rid)].hit_tokens

@@ -50,6 +50,22 @@ def test_demo_serves_the_model_and_its_checks_pass(tmp_path):
     assert png.stat().st_size > 0
 
 
+def test_jax_cache_study_runs(tmp_path):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "jax_cache_study.py"), "--blocks", "8", "16",
+         "--drafts", "0", "1", "--png", str(tmp_path / "study.png")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
+            if re.match(r"\|\s+\d", line)]
+    assert len(rows) == 4
+    for r in rows:  # the prompt tokens: from the cache or computed
+        prompt, hit, computed = int(r[3]), int(r[4]), int(r[6])
+        assert hit > 0 and hit + computed >= prompt
+    assert (tmp_path / "study.png").stat().st_size > 0
+
+
 def test_simulation_example_runs_and_compares_like_with_like():
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "simulate_prefix_cache.py")],

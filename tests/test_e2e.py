@@ -37,15 +37,16 @@ def plain(torch_model):
 
 
 def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None,
-                check_argmax=True):
+                check_argmax=True, num_blocks=NB):
     from hybrid_torch import new_pools, serving_step
 
     from mamba_align.backends.torch import StateRunner
     runner = (runner_type or StateRunner)(CACHE, SLOTS, model.device, mode=mode)
-    pools = new_pools(CACHE, NB, model.device)
+    pools = new_pools(CACHE, num_blocks, model.device)
     workload, outputs, _ = plain
     step = serving_step(model, runner, pools)
-    served = serve(TINY, workload, outputs, step, block_size=B, num_spec=S, num_blocks=NB,
+    served = serve(TINY, workload, outputs, step, block_size=B, num_spec=S,
+                   num_blocks=num_blocks,
                    caching=caching, snapshot=step.snapshot, check_argmax=check_argmax)
     runner.raise_errors()
     return served
@@ -81,6 +82,14 @@ def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, 
         np.testing.assert_array_equal(got["ssm"], want["ssm"], err_msg=f"{rid} at {n}")
         np.testing.assert_array_equal(got["conv"][..., :K - 1], want["conv"][..., :K - 1],
                                       err_msg=f"{rid} at {n}")
+
+
+def test_preemption_keeps_the_bits(torch_model, plain):
+    # 8 blocks for 4 slots: a request is preempted, resumes (from the cache where it can)
+    # and recomputes; every position, recomputed ones included, keeps its bits
+    served = serve_torch(torch_model, plain, num_blocks=8)
+    assert served.preemptions >= 1
+    assert compare(served.logits, plain[2]) == (len(served.logits), 0)
 
 
 def test_cached_equals_uncached_bit_for_bit(torch_model, plain):
