@@ -85,11 +85,15 @@ def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, 
 
 
 def test_preemption_keeps_the_bits(torch_model, plain):
-    # 8 blocks for 4 slots: a request is preempted, resumes (from the cache where it can)
-    # and recomputes; every position, recomputed ones included, keeps its bits
-    served = serve_torch(torch_model, plain, num_blocks=8)
-    assert served.preemptions >= 1
-    assert compare(served.logits, plain[2]) == (len(served.logits), 0)
+    # 8 blocks for 4 slots. Without the cache a preempted request restarts from nothing and
+    # computes positions a second time, which must repeat their bits (serve checks it);
+    # with the cache a preempted request resumes from a snapshot of its own
+    off = serve_torch(torch_model, plain, caching=False, num_blocks=8)
+    assert off.preemptions >= 1 and off.recomputed >= 1
+    assert compare(off.logits, plain[2]) == (len(off.logits), 0)
+    on = serve_torch(torch_model, plain, num_blocks=8)
+    assert on.preemptions >= 1
+    assert compare(on.logits, plain[2]) == (len(on.logits), 0)
 
 
 def test_cached_equals_uncached_bit_for_bit(torch_model, plain):
