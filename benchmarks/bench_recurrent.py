@@ -50,6 +50,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench_copy import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
+from recurrent_report import plot, table  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -420,58 +421,6 @@ def _version(dist: str) -> Optional[str]:
         return version(dist)
     except Exception:  # noqa: BLE001
         return None
-
-
-def table(data: Dict[str, Any]) -> str:
-    ceil = data["header"]["ceiling"]["tbps"]
-    lines = [f"Copy ceiling (device-to-device, same run): {ceil:.2f} TB/s. torch rows: CUDA-graph "
-             "replay time; ours_jax: profiler busy time (no gaps between kernels).", "",
-             "| op | method | B | T | µs | state TB/s | % of ceiling | note |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in data["records"]:
-        lines.append(f"| {r['op']} | {r['method']} | {r['batch']} | {r['tokens_per_row']} | "
-                     f"{r['ms'] * 1e3:.1f} | {r['tbps']:.2f} | {100 * r['tbps'] / ceil:.0f}% | "
-                     f"{r['note']} |")
-    return "\n".join(lines)
-
-
-def plot(data: Dict[str, Any], path: Path) -> None:
-    """State TB/s against B: the gated delta rule (decode, spec) and the conv update
-    (decode), ours (torch, JAX) against fla alone and pooled, with the copy ceiling."""
-    try:
-        import matplotlib
-    except ImportError:
-        print(f"matplotlib is not installed: skipping {path}")
-        return
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = (("gdn", 1, "gated delta rule, decode (T = 1)"),
-              ("gdn", 4, "gated delta rule, spec (T = 4)"), ("conv", 1, "conv1d update, decode"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(14, 4.2))
-    ceil = data["header"]["ceiling"]["tbps"]
-    for ax, (op, T, title) in zip(axes, panels):
-        series: Dict[str, List[tuple]] = {}
-        for r in data["records"]:
-            if r["op"] == op and r["tokens_per_row"] == T:
-                series.setdefault(r["method"], []).append((r["batch"], r["tbps"]))
-        for method, pts in sorted(series.items()):
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method,
-                    linestyle="--" if method.startswith("fla") else "-")
-        if op == "gdn":
-            ax.axhline(ceil, color="black", linestyle=":", label=f"copy ceiling {ceil:.2f}")
-        ax.set_xscale("log", base=2)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("batch rows B")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0].set_ylabel("state TB/s (read once + the states each method writes)")
-    fig.suptitle(f"Recurrent kernels, {data['header']['device']} (torch: CUDA-graph replay; "
-                 "ours_jax: profiler busy time)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
