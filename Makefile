@@ -90,6 +90,8 @@ gpu-bench: gpu-setup
 	  2>&1 | tee $(OUT)/bench_dispatch_rows512.log
 	set -o pipefail; python3 benchmarks/bench_recurrent.py --out $(OUT) 2>&1 \
 	  | tee $(OUT)/bench_recurrent.log
+	set -o pipefail; python3 benchmarks/bench_serving.py --out $(OUT) 2>&1 \
+	  | tee $(OUT)/bench_serving.log
 	if [ -d .baseline/mamba_align ]; then set -o pipefail; for r in 64 512; do \
 	  PYTHONPATH=$(CURDIR)/.baseline:$(SITE) python3 benchmarks/bench_dispatch.py --out $(OUT) \
 	  --rows $$r --label baseline_rows$$r 2>&1 | tee $(OUT)/bench_dispatch_baseline_rows$$r.log; \

@@ -95,7 +95,8 @@ class Case:
 
     Disjoint groups of blocks (enough that a group's state is read again only after
     ``s["rotate"]`` bytes of other state), which the timed functions cycle through (``turn``):
-    replayed calls would otherwise find the state of small batches in the L2 cache."""
+    replayed calls would otherwise find the state of small batches in the L2 cache. The
+    conv pool has groups of its own (``crb``, ``cwb``), sized by its smaller blocks."""
 
     def __init__(self, s: Dict[str, Any], B: int, T: int, spec: bool, dev: torch.device,
                  gen: torch.Generator):
@@ -114,7 +115,14 @@ class Case:
             if not spec:
                 wbs[:, 1:] = -1
             self.sets.append((g[:B].contiguous(), wbs, wbs[:, 0].contiguous()))
-        self.cur = 0
+        conv_block = D * (KC - 1 + S) * 2
+        self.cnsets = max(1, math.ceil(s["rotate"] / (B * conv_block)))
+        cnb = max(self.nb, 2 + self.cnsets * 2 * B)
+        cids = (torch.randperm(cnb - 1, generator=gen)[: self.cnsets * 2 * B] + 1).to(dev)
+        self.csets = [(cids[i * 2 * B:i * 2 * B + B].contiguous(),
+                       cids[i * 2 * B + B:(i + 1) * 2 * B].contiguous())
+                      for i in range(self.cnsets)]
+        self.i = 0  # calls so far: group i % nsets of the state, i % cnsets of the conv
         self.cu = torch.arange(0, n + 1, T, device=dev)
         self.is_spec = torch.full((B,), int(spec), device=dev)
         bf = torch.bfloat16
@@ -125,27 +133,36 @@ class Case:
         self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev)
         self.x, self.w = r(n, D), r(D, KC)
         self.cb = torch.zeros(D, device=dev, dtype=bf)
-        self.cpool = torch.zeros((L, self.nb, D, KC - 1 + S), device=dev, dtype=bf)
+        self.cpool = torch.empty((L, cnb, D, KC - 1 + S), device=dev, dtype=bf)
+        self.cpool.normal_(generator=torch.Generator(dev).manual_seed(int(
+            torch.randint(1 << 30, (1,), generator=gen))))
         for rb, _, _ in self.sets:
             self.pool[:, rb] = r(L, B, HV, V, K, dt=torch.float32) * 0.1
-            self.cpool[:, rb] = r(L, B, D, KC - 1 + S)
         self.off = torch.zeros(B, dtype=torch.int64, device=dev)
         self.errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=dev)  # clear
 
     @property
     def rb(self) -> torch.Tensor:
-        return self.sets[self.cur][0]
+        return self.sets[self.i % self.nsets][0]
 
     @property
     def wbs(self) -> torch.Tensor:
-        return self.sets[self.cur][1]
+        return self.sets[self.i % self.nsets][1]
 
     @property
     def wb(self) -> torch.Tensor:
-        return self.sets[self.cur][2]
+        return self.sets[self.i % self.nsets][2]
+
+    @property
+    def crb(self) -> torch.Tensor:
+        return self.csets[self.i % self.cnsets][0]
+
+    @property
+    def cwb(self) -> torch.Tensor:
+        return self.csets[self.i % self.cnsets][1]
 
     def turn(self) -> None:
-        self.cur = (self.cur + 1) % self.nsets
+        self.i += 1
 
     def timed(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """``fn`` on the next group of blocks at every call (also while captured)."""
@@ -167,7 +184,7 @@ class Case:
 
     def conv(self):
         return tops.conv1d_update_(self.cpool, self.errors, self.x, self.w, self.cb, self.cu,
-                                   self.rb, self.off, self.wb, self.is_spec, layer=1,
+                                   self.crb, self.off, self.cwb, self.is_spec, layer=1,
                                    layout="DS", activation="silu")["y"]
 
     def gdn_ref(self, row: int = 0):
@@ -183,7 +200,7 @@ class Case:
 
     def conv_ref(self, row: int = 0):
         t0, t1 = row * self.T, (row + 1) * self.T
-        pool = np32(self.cpool[1, self.rb[row:row + 1]])
+        pool = np32(self.cpool[1, self.crb[row:row + 1]])
         y, _, _ = causal_conv1d_update_ref(np32(self.x[t0:t1]), np32(self.w), np32(self.cb),
                                            pool, [0, self.T], [0], [0], [-1], [self.spec],
                                            layout="DS")
@@ -233,7 +250,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             rec("conv", "ours", B, T, c.timed(c.conv), conv_bytes(s, B, T + s["KC"] - 2 if spec
                                                                   else s["KC"] - 1))
             c.assert_clean(f"ours {label} B={B}, timed")
-            c.cur = 0
+            c.i = 0
             if fla is not None:
                 fla_rows(s, c, fla, rec, label)
             jax_rows(s, c, rec, args.small)
@@ -247,6 +264,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "jax_triton": _version("jax-triton"), "shapes": {k: v for k, v in s.items()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceiling": ceiling,
+        "conv_groups": True,  # the conv pool and fla's caches cycle groups of their own
         "timer": "triton.testing.do_bench_cudagraph (median device time of a CUDA-graph "
                  "replay); ours_jax: GPU busy time from a jax.profiler trace",
     }
@@ -271,7 +289,7 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     check(f"fla gdn {label} B={B}", o[0, :T], want_o, 2e-2)
     check(f"fla gdn final state {label} B={B}", ht[0], want_h[-1], 2e-2)
     note = "final state only" if c.spec else ""
-    rec("gdn", "fla", B, T, c.timed(lambda: fla_gdn(h0s[c.cur])), state_bytes(s, B, 1), note)
+    rec("gdn", "fla", B, T, c.timed(lambda: fla_gdn(h0s[c.i % c.nsets])), state_bytes(s, B, 1), note)
 
     def pooled():
         _, h = fla_gdn(c.pool[1].index_select(0, c.rb))
@@ -281,21 +299,25 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     if c.spec:  # fla's conv update takes one token per sequence
         return
     K = s["KC"]
-    cache = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
-    cache[:, :, 1:] = c.cpool[1, c.rb, :, :K - 1]
-    saved = cache.clone()
-    y, _ = conv_update(x=c.x, cache=cache, weight=c.w, bias=None, activation="silu")
+    caches = []  # fla's contiguous [B, D, K] caches, one per conv group (as cold as ours)
+    for crb, _ in c.csets:
+        cache = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
+        cache[:, :, 1:] = c.cpool[1, crb, :, :K - 1]
+        caches.append(cache)
+    saved = caches[0].clone()
+    y, _ = conv_update(x=c.x, cache=caches[0], weight=c.w, bias=None, activation="silu")
     check(f"fla conv {label} B={B}", y[:1], c.conv_ref(0), 2e-2)
-    cache.copy_(saved)
-    rec("conv", "fla", B, T, lambda: conv_update(x=c.x, cache=cache, weight=c.w, bias=None,
-                                                 activation="silu"),
-        conv_bytes(s, B, K - 1), "one contiguous cache")
+    caches[0].copy_(saved)
+    rec("conv", "fla", B, T, c.timed(lambda: conv_update(
+        x=c.x, cache=caches[c.i % c.cnsets], weight=c.w, bias=None, activation="silu")),
+        conv_bytes(s, B, K - 1), "contiguous caches")
+    del caches
 
     def conv_pooled():
         cc = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
-        cc[:, :, 1:] = c.cpool[1, c.rb, :, :K - 1]
+        cc[:, :, 1:] = c.cpool[1, c.crb, :, :K - 1]
         conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
-        c.cpool[1, c.wb, :, :K - 1] = cc[:, :, 1:]
+        c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
 
     rec("conv", "fla_pooled", B, T, c.timed(conv_pooled), conv_bytes(s, B, K - 1))
 
@@ -315,10 +337,11 @@ def jax_rows(s, c: Case, rec, small: bool) -> None:
         return jnp.asarray(t.cpu().numpy())
 
     T, B = c.T, c.B
-    c.cur = 0  # the first group of blocks, as the JAX calls below start with
+    c.i = 0  # the first group of blocks, as the JAX calls below start with
     rbs = jnp.stack([J(rb) for rb, _, _ in c.sets])
     wbss = jnp.stack([J(wbs) for _, wbs, _ in c.sets])
-    wb0 = wbss[:, :, 0]
+    crbs = jnp.stack([J(rb) for rb, _ in c.csets])
+    cwbs = jnp.stack([J(wb) for _, wb in c.csets])
     gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu)]
     conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu)]
     spec, off = J(c.is_spec), J(c.off)
@@ -334,7 +357,7 @@ def jax_rows(s, c: Case, rec, small: bool) -> None:
     @functools.partial(jax.jit, donate_argnums=(0,))
     def conv(carry, x, w, cb, cu):
         p, e, i = carry
-        out = jops.conv1d_update(p, e, x, w, cb, cu, rbs[i % c.nsets], off, wb0[i % c.nsets],
+        out = jops.conv1d_update(p, e, x, w, cb, cu, crbs[i % c.cnsets], off, cwbs[i % c.cnsets],
                                  spec, layer=1, layout="DS")
         return (out["pool"], out["errors"], i + 1), out["y"]
 

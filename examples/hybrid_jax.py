@@ -92,26 +92,51 @@ def single_row(cfg: ModelConfig, w, num_spec: int):
     return forward_one
 
 
-def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_slots: int,
-                 mode: str = "pre-copy"):
-    """``step(batch, tokens, cu_seqlens, sample)`` for ``hybrid_serving.serve``: the pure
-    JAX bookkeeping (``add_requests``, ``preprocess``, ``postprocess``) around the model,
-    the slot state, pools and error flag carried between steps (``step.carry``)."""
-    carry = {"state": mj.init_state(num_slots), "pools": pools}
-    i32 = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
+def greedy_accept(logits: jax.Array, tokens: jax.Array, cu_seqlens: jax.Array,
+                  is_spec: jax.Array, limit: jax.Array, num_spec: int) -> jax.Array:
+    """Greedy sampling's token counts, int32 ``[rows]``: the twin of
+    ``hybrid_torch.greedy_accept``."""
+    top = jnp.argmax(logits, -1).astype(jnp.int32)
+    j = jnp.arange(num_spec)
+    start = cu_seqlens[:-1, None] + j  # position j of a row predicts its draft j + 1
+    drafted = j[None, :] < (cu_seqlens[1:] - cu_seqlens[:-1] - 1)[:, None]
+    agree = drafted & (top[jnp.where(drafted, start, 0)]
+                       == tokens[jnp.where(drafted, start + 1, 0)])
+    accepted = jnp.cumprod(agree.astype(jnp.int32), 1).sum(1)
+    ns = jnp.where(is_spec, accepted + 1, 1)
+    return jnp.minimum(ns, limit).astype(jnp.int32)
 
-    def step(batch, tokens, cu_seqlens, sample) -> np.ndarray:
-        state = mj.add_requests(carry["state"], i32(batch.added_slots),
-                                i32(batch.added_num_computed), config=cache)
-        idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
-        spec = jnp.asarray(np.asarray(batch.is_spec))
-        state, pools, blocks = mj.preprocess(state, carry["pools"], idx, q, spec, bt,
-                                             config=cache, mode=mode)
-        logits, pools, errors = jitted_forward(cfg, w, pools, state.errors, i32(tokens),
-                                               i32(cu_seqlens), blocks, spec)
-        state, pools, _ = mj.postprocess(state._replace(errors=errors), pools, idx, q, spec,
-                                         i32(sample()), bt, config=cache)
-        carry.update(state=state, pools=pools)
-        return np.asarray(logits)
+
+def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_slots: int,
+                 mode: str = "pre-copy", *, fused: bool = False):
+    """``step(inputs, sample)`` for ``hybrid_serving.serve``: one jitted call per step
+    (compiled once per shape of the inputs), the pure JAX bookkeeping (``add_requests``,
+    ``preprocess``, ``postprocess``) around the model, the slot state and pools donated
+    and carried between steps (``step.carry``). Returns the logits (on the device) and
+    the sampled counts (NumPy): ``sample()``'s by default, :func:`greedy_accept`'s on the
+    device with ``fused``."""
+    carry = {"state": mj.init_state(num_slots), "pools": pools}
+
+    def body(w, state, pools, x, ns):
+        state = mj.add_requests(state, x.added_slots, x.added_num_computed, config=cache)
+        state, pools, blocks = mj.preprocess(state, pools, x.idx_mapping, x.query_len,
+                                             x.is_spec, x.block_table, config=cache, mode=mode)
+        logits, pools, errors = forward(cfg, w, pools, state.errors, x.tokens, x.cu_seqlens,
+                                        blocks, x.is_spec)
+        if ns is None:
+            ns = greedy_accept(logits, x.tokens, x.cu_seqlens, x.is_spec, x.limit,
+                               cache.num_spec)
+        state, pools, _ = mj.postprocess(state._replace(errors=errors), pools, x.idx_mapping,
+                                         x.query_len, x.is_spec, ns, x.block_table,
+                                         config=cache)
+        return logits, ns, state, pools
+
+    jitted = jax.jit(body, donate_argnums=(1, 2))
+
+    def step(inputs, sample):
+        ns = None if fused else jnp.asarray(np.asarray(sample(), np.int32))
+        logits, ns, carry["state"], carry["pools"] = jitted(
+            w, carry["state"], carry["pools"], type(inputs)(*map(jnp.asarray, inputs)), ns)
+        return logits, np.asarray(ns)
     step.carry = carry
     return step

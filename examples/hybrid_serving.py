@@ -13,8 +13,9 @@ computed, for :func:`compare`.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 from hybrid_model import ModelConfig
@@ -74,6 +75,70 @@ def perturbed_drafter(seed: int, vocab: int, miss: float = 0.3):
     return drafter
 
 
+class StepInputs(NamedTuple):
+    """One step's arrays for a runner (NumPy int32; ``is_spec`` bool). Per batch row
+    (``[rows]``, padding rows at the end: slot -1, no tokens): ``added_slots`` /
+    ``added_num_computed`` (the slots to seed first, -1 / 0 padded), ``idx_mapping``,
+    ``query_len``, ``is_spec`` and ``limit``, the most tokens the row may sample (0 on a
+    padding row or a prefill chunk that is not the prompt's last, 1 on the last, the
+    tokens the request has left on a decode row); ``block_table`` ``[max_num_seqs,
+    cols]``; ``tokens`` ``[T_pad]`` (past ``cu_seqlens[-1]``: in no row, 0);
+    ``cu_seqlens`` ``[rows + 1]``."""
+
+    added_slots: np.ndarray
+    added_num_computed: np.ndarray
+    idx_mapping: np.ndarray
+    query_len: np.ndarray
+    is_spec: np.ndarray
+    limit: np.ndarray
+    block_table: np.ndarray
+    tokens: np.ndarray
+    cu_seqlens: np.ndarray
+
+
+def step_inputs(batch, limit: np.ndarray, rows: Optional[int] = None,
+                bucket: bool = False) -> StepInputs:
+    """``batch`` (a ``StepBatch``) and its rows' ``limit`` as :class:`StepInputs`; with
+    ``rows``, padded to that many rows (and the added slots to as many), with ``bucket``,
+    the tokens to the next power of two: a few shapes, so that a jitted step compiles (or a
+    CUDA graph is captured) once per shape."""
+    n = batch.num_rows
+    rows = n if rows is None else rows
+    if rows < n or len(batch.added_slots) > rows:
+        raise ValueError(f"a batch of {n} rows does not fit {rows} rows")
+    tokens = [x for row in batch.tokens for x in row]
+    t_pad = max(1, 1 << (len(tokens) - 1).bit_length()) if bucket else len(tokens)
+
+    def pad(a, size, fill, dtype=np.int32):
+        out = np.full(size, fill, dtype)
+        out[:len(a)] = a
+        return out
+
+    cu = batch.cu_seqlens
+    return StepInputs(
+        pad(batch.added_slots, rows, -1), pad(batch.added_num_computed, rows, 0),
+        pad(batch.idx_mapping, rows, -1), pad(batch.query_len, rows, 0),
+        pad(batch.is_spec, rows, False, bool), pad(limit, rows, 0),
+        np.asarray(batch.block_table, np.int32), pad(tokens, t_pad, 0),
+        pad(cu, rows + 1, cu[-1]))
+
+
+def sample_limits(sched: Scheduler, batch) -> np.ndarray:
+    """int ``[rows]``: the most tokens each row of ``batch`` may sample (see
+    :class:`StepInputs`), from the scheduler's view of its requests: what a device-side
+    sampler needs besides the logits and the drafts."""
+    out = np.zeros(batch.num_rows, np.int64)
+    for b, rid in enumerate(batch.req_ids):
+        if batch.idx_mapping[b] < 0:
+            continue
+        req = sched.requests[int(rid)]
+        if not req.prefill_done:
+            out[b] = int(req.num_computed + len(batch.tokens[b]) == req.known)
+        else:
+            out[b] = req.total_len - req.known
+    return out
+
+
 @dataclass
 class Served:
     """What one serving run produced: logits per computed position, the tokens of the
@@ -89,21 +154,30 @@ class Served:
     recomputed: int = 0  # positions computed a second time (after a preemption)
     #: (request, tokens, the block's states) of every block entering the prefix cache
     cached: List[Tuple[int, int, Dict[str, np.ndarray]]] = field(default_factory=list)
+    #: seconds from a request's admission to the end of the step that sampled its first
+    #: token (time to first token)
+    ttft: Dict[int, float] = field(default_factory=dict)
+    #: (whether every row decoded, seconds) of each step, the step call only
+    step_seconds: List[Tuple[bool, float]] = field(default_factory=list)
 
 
 def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]],
           step: Callable, *, block_size: int, num_spec: int, num_blocks: int,
           caching: bool = True, seed: int = 0, miss: float = 0.3, max_num_seqs: int = 4,
           max_num_tokens: int = 16, snapshot: Optional[Callable] = None,
-          check_argmax: bool = True) -> Served:
+          check_argmax: bool = True, pad: bool = False, record: bool = True) -> Served:
     """Serve ``workload`` (whose greedy continuations are ``outputs``) through ``step``:
-    ``step(batch, tokens, cu_seqlens, sample) -> logits [T, vocab]`` runs the bookkeeping,
-    the model and the post-process for one :class:`StepBatch` (``sample()`` returns the
-    accepted counts). Checks the argmax at every accepted position (unless not
-    ``check_argmax``); a position computed twice (after a preemption) must give the same
-    bits both times. With ``snapshot``
-    (``block -> {state: array}``), keeps the states of every block the scheduler records
-    in the prefix cache, as they are when it records them. Returns :class:`Served`."""
+    ``step(inputs, sample) -> (logits [T_pad, vocab], num_sampled [rows])`` runs the
+    bookkeeping, the model and the post-process for one step's :class:`StepInputs`
+    (padded to ``max_num_seqs`` rows and a power-of-two of tokens with ``pad``);
+    ``sample()`` is the reference sampler's count per row, which a step may use or
+    compute on the device (greedy acceptance of the drafts): the two must agree. Checks
+    the argmax at every accepted position (unless not ``check_argmax``); a position
+    computed twice (after a preemption) must give the same bits both times. With
+    ``snapshot`` (``block -> {state: array}``), keeps the states of every block the
+    scheduler records in the prefix cache, as they are when it records them. Without
+    ``record``, the logits stay where the step left them (no checks of them, no
+    ``logits`` kept): a timing run. Returns :class:`Served`."""
     cache = cfg.cache_config(block_size, num_spec)
     max_len = max(len(p) for _, p in workload.requests.values()) + workload.new_tokens
     sched = Scheduler(cache, num_blocks, max_num_seqs=max_num_seqs,
@@ -111,11 +185,13 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
                       drafter=perturbed_drafter(seed, cfg.vocab, miss),
                       enable_prefix_caching=caching)
     out = Served()
-    pending, t = dict(workload.requests), 0
+    pending, t, admitted = dict(workload.requests), 0, {}
+    rows = max_num_seqs if pad else None
     while pending or sched.has_unfinished():
         for rid in sorted(r for r, (at, _) in pending.items() if at <= t):
             _, prompt = pending.pop(rid)
             sched.add_request(rid, prompt, outputs[rid])
+            admitted[rid] = time.perf_counter()
         t += 1
         if not sched.has_unfinished():
             continue
@@ -126,9 +202,19 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
                 out.hit_tokens[int(rid)] = sched.requests[int(rid)].hit_tokens
         before = {int(r): (sched.requests[int(r)].num_computed, sched.requests[int(r)].prefill_done)
                   for r in batch.req_ids if r >= 0}
-        tokens = np.array([x for row in batch.tokens for x in row], np.int64)
-        logits = np.asarray(step(batch, tokens, batch.cu_seqlens, lambda: sched.sample(batch)))
         ns = sched.sample(batch)
+        padded = step_inputs(batch, sample_limits(sched, batch), rows, bucket=pad)
+        full = np.zeros(len(padded.idx_mapping), np.int64)
+        full[:len(ns)] = ns
+        t0 = time.perf_counter()
+        logits, got = step(padded, lambda: full)
+        got = np.asarray(got)  # (the step's end: its sampled counts reach the host)
+        done = time.perf_counter()
+        out.step_seconds.append((all(d for _, d in before.values()), done - t0))
+        if not np.array_equal(got, full):
+            raise AssertionError(f"step {out.steps}: the step sampled {got.tolist()}, the "
+                                 f"reference sampler {full.tolist()}")
+        logits = np.asarray(logits) if record else None
         cu = batch.cu_seqlens
         for b, rid in enumerate(batch.req_ids):
             if rid < 0:
@@ -136,6 +222,14 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
             req = sched.requests[int(rid)]
             nc, decoding = before[int(rid)]
             n = int(batch.query_len[b])
+            if ns[b] > 0 and int(rid) not in out.ttft:
+                out.ttft[int(rid)] = done - admitted[int(rid)]
+            out.computed_tokens += n
+            if decoding:
+                out.drafts += n - 1
+                out.accepted += max(0, int(ns[b]) - 1)
+            if not record:
+                continue
             valid = int(ns[b]) if decoding else n  # spec positions past the accepted: drafts
             for j in range(valid):
                 key, row = (int(rid), nc + j), logits[cu[b] + j]
@@ -147,14 +241,10 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
                 out.logits[key] = row
             for j in range(int(ns[b]) if check_argmax else 0):  # accepted: the argmax
                 at = nc + j if decoding else nc + n - 1  # the position whose logits predict
-                want, got = req.tokens[at + 1], int(np.argmax(logits[cu[b] + at - nc]))
-                if got != want:
+                want, top = req.tokens[at + 1], int(np.argmax(logits[cu[b] + at - nc]))
+                if top != want:
                     raise AssertionError(f"request {int(rid)} position {at + 1}: the "
-                                         f"model's argmax is {got}, its continuation {want}")
-            out.computed_tokens += n
-            if decoding:
-                out.drafts += n - 1
-                out.accepted += max(0, int(ns[b]) - 1)
+                                         f"model's argmax is {top}, its continuation {want}")
         result = sched.update(batch, ns)
         if snapshot is not None:
             out.cached += [(c.req_id, c.num_tokens, snapshot(c.block)) for c in result.cached]

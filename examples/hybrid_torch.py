@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Dict, Mapping
 
+import ml_dtypes
 import numpy as np
 import torch
 from hybrid_model import Blocks, ModelConfig
@@ -25,6 +26,13 @@ def to_torch(a: np.ndarray, device) -> torch.Tensor:
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(device)
     return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as a NumPy array (bf16 through ml_dtypes, bit for bit)."""
+    if t.dtype == torch.bfloat16:
+        return t.detach().cpu().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.detach().cpu().numpy()
 
 
 class TorchModel:
@@ -101,21 +109,93 @@ def single_row(model: TorchModel, num_spec: int):
     return forward_one
 
 
-def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor]):
-    """``step(batch, tokens, cu_seqlens, sample)`` for ``hybrid_serving.serve``: the
-    ``StateRunner``'s add_requests / preprocess, the model on the resolved blocks (faults
-    into the runner's error flag), the post-process; logits as NumPy."""
-    dev = model.device
-    i32 = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int32, device=dev)  # noqa
+class OnHost:
+    """A device tensor that NumPy copies to the host when asked (``np.asarray``): a timing
+    run that never looks at the logits does not move them."""
 
-    def step(batch, tokens, cu_seqlens, sample) -> np.ndarray:
-        runner.add_requests(i32(batch.added_slots), i32(batch.added_num_computed))
-        idx, q, bt = i32(batch.idx_mapping), i32(batch.query_len), i32(batch.block_table)
-        spec = torch.as_tensor(np.asarray(batch.is_spec), device=dev)
-        blocks = runner.preprocess(pools, idx, q, spec, bt)
-        logits = model.forward(pools, runner.error_flag, i32(tokens), i32(cu_seqlens), blocks,
-                               spec)
-        runner.postprocess(pools, idx, q, spec, i32(sample()), bt)
-        return logits.cpu().numpy()
-    step.snapshot = lambda block: {n: p[:, block].cpu().numpy() for n, p in pools.items()}
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def __array__(self, dtype=None, copy=None):
+        return self.t.cpu().numpy() if dtype is None else self.t.cpu().numpy().astype(dtype)
+
+
+def greedy_accept(logits: torch.Tensor, tokens: torch.Tensor, cu_seqlens: torch.Tensor,
+                  is_spec: torch.Tensor, limit: torch.Tensor, num_spec: int) -> torch.Tensor:
+    """Greedy sampling's token counts, int32 ``[rows]``: on a spec row 1 + the leading
+    drafts the model's argmax agrees with, 1 on other rows, at most ``limit``
+    (``StepInputs``). ``logits`` ``[T, vocab]``, ``tokens`` ``[T]``, ``cu_seqlens``
+    ``[rows + 1]``; no host synchronisation (CUDA-graph capturable)."""
+    top = logits.argmax(-1).to(torch.int32)
+    j = torch.arange(num_spec, device=logits.device)
+    start = cu_seqlens[:-1, None] + j  # position j of a row predicts its draft j + 1
+    drafted = j[None, :] < (cu_seqlens[1:] - cu_seqlens[:-1] - 1)[:, None]
+    at = torch.where(drafted, start, 0)
+    agree = drafted & (top[at] == tokens[torch.where(drafted, start + 1, 0)])
+    accepted = torch.cumprod(agree.to(torch.int32), 1).sum(1)
+    ns = torch.where(is_spec, accepted + 1, torch.ones_like(accepted))
+    return torch.minimum(ns, limit).to(torch.int32)
+
+
+def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor], *,
+                 fused: bool = False, graphs: bool = False):
+    """``step(inputs, sample)`` for ``hybrid_serving.serve``: the ``StateRunner``'s
+    add_requests / preprocess, the model on the resolved blocks (faults into the runner's
+    error flag), the post-process. Returns the logits (:class:`OnHost`) and the sampled
+    counts (NumPy). By default the post-process takes ``sample()``, the reference
+    sampler's counts; ``fused``: the counts come from :func:`greedy_accept` on the device,
+    so nothing leaves the device mid-step; ``graphs`` (CUDA, implies ``fused``): each
+    shape of the inputs is captured once into a CUDA graph and replayed."""
+    dev = model.device
+    num_spec = runner.config.num_spec
+    graphs = graphs and dev.type == "cuda"
+    on = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731  (int32 / bool as given)
+
+    def body(x, ns=None):  # ns: the host's counts, else greedy_accept's
+        runner.add_requests(x.added_slots, x.added_num_computed)
+        blocks = runner.preprocess(pools, x.idx_mapping, x.query_len, x.is_spec,
+                                   x.block_table)
+        logits = model.forward(pools, runner.error_flag, x.tokens, x.cu_seqlens, blocks,
+                               x.is_spec)
+        if ns is None:
+            ns = greedy_accept(logits, x.tokens, x.cu_seqlens, x.is_spec, x.limit, num_spec)
+        runner.postprocess(pools, x.idx_mapping, x.query_len, x.is_spec, ns, x.block_table)
+        return logits, ns
+
+    captured = {}  # inputs' shapes -> (static inputs, graph, static outputs)
+
+    def replay(inputs):
+        key = tuple(a.shape for a in inputs)
+        if key not in captured:
+            # a step of padding rows only: every kernel compiles and nothing changes
+            idle = inputs._replace(added_slots=np.full_like(inputs.added_slots, -1),
+                                   idx_mapping=np.full_like(inputs.idx_mapping, -1),
+                                   query_len=np.zeros_like(inputs.query_len),
+                                   limit=np.zeros_like(inputs.limit),
+                                   cu_seqlens=np.zeros_like(inputs.cu_seqlens))
+            static = type(inputs)(*(on(a) for a in idle))
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                body(static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = body(static)
+            captured[key] = (static, graph, outs)
+        static, graph, outs = captured[key]
+        for dst, a in zip(static, inputs):
+            dst.copy_(torch.from_numpy(a), non_blocking=True)
+        graph.replay()
+        return outs
+
+    def step(inputs, sample):
+        if graphs:
+            logits, ns = replay(inputs)
+        else:
+            x = type(inputs)(*(on(a) for a in inputs))
+            logits, ns = body(x, None if fused else on(np.asarray(sample(), np.int32)))
+        return OnHost(logits), ns.cpu().numpy()
+    step.snapshot = lambda block: {n: to_numpy(p[:, block]) for n, p in pools.items()}
+    step.graphs = captured
     return step

@@ -18,10 +18,11 @@ import triton.language as tl
 
 from ..core.conv1d_ref import ACTIVATIONS
 from .bookkeeping import check_errors
-from .copy import check_layout
+from .copy import check_layout, pool_align
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
-                   check_array, check_layer, check_pool, check_seqlens, next_pow2, pool_scalars)
+                   check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
+                   pool_scalars)
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row,
                    seqlens_fault)
 
@@ -32,27 +33,32 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _window_at(pool_ptr, base, pos, d, width, dim, mask, LAYOUT_DS: tl.constexpr):
+def _window_at(pool_ptr, base, pos, d, mask, WIDTH: tl.constexpr, DIM: tl.constexpr,
+               LAYOUT_DS: tl.constexpr):
     """``[len(pos), TILE_D]`` rows ``pos`` of the conv window at ``base``, as fp32."""
     if LAYOUT_DS:
-        offs = base + d[None, :] * width + pos[:, None]
+        offs = base + d[None, :] * WIDTH + pos[:, None]
     else:
-        offs = base + pos[:, None] * dim + d[None, :]
+        offs = base + pos[:, None] * DIM + d[None, :]
     return tl.load(pool_ptr + offs, mask=mask, other=0).to(tl.float32)
 
 
 @triton.jit
-def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, width, dim, x_stride, num_tokens, has_hist,
-             mask, K: tl.constexpr, LAYOUT_DS: tl.constexpr):
+def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, x_stride, num_tokens, has_hist, mask,
+             K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
+             LAYOUT_DS: tl.constexpr):
     """Rows ``i`` of ``full = history ++ x`` (``K - 1`` history rows, then the row's
     tokens from ``t0``), fp32 ``[len(i), TILE_D]``; the history is zero without a read
     block. Only rows of ``x`` inside ``[0, num_tokens)`` are read, so the window can be
     loaded before the row's ids are checked."""
     hist = (i >= 0) & (i < K - 1)  # i >= 0 always, unless a wild cu_seqlens wrapped
-    h = _window_at(pool_ptr, rbase, off + i, d, width, dim,
-                   mask & hist[:, None] & has_hist, LAYOUT_DS)
+    h = _window_at(pool_ptr, rbase, off + i, d, mask & hist[:, None] & has_hist, WIDTH, DIM,
+                   LAYOUT_DS)
     xr = t0 + i - (K - 1)
-    xv = tl.load(x_ptr + (xr * x_stride)[:, None] + d[None, :],
+    x_rows = xr * x_stride
+    if X_ALIGN > 1:  # (see gdn._base: stated on the op that makes the product)
+        x_rows = tl.multiple_of(x_rows, X_ALIGN)
+    xv = tl.load(x_ptr + x_rows[:, None] + d[None, :],
                  mask=mask & (~hist & (xr >= 0) & (xr < num_tokens))[:, None], other=0)
     return tl.where(hist[:, None], h, xv.to(tl.float32))
 
@@ -75,14 +81,16 @@ def conv1d_update_kernel(
     layer_offset,  # layer * layer_stride
     block_stride,
     num_blocks,
-    width,  # W
-    dim,  # D
     x_stride,
     w_stride,
     y_ptr,  # [T_total, D]
     pool_ptr,
     errors_ptr,
     K: tl.constexpr,
+    WIDTH: tl.constexpr,  # W
+    DIM: tl.constexpr,  # D
+    ALIGN: tl.constexpr,  # of the pool's layer and block strides, in elements
+    X_ALIGN: tl.constexpr,  # of x's row stride
     W_PAD: tl.constexpr,
     TILE_D: tl.constexpr,
     BLOCK_T: tl.constexpr,
@@ -102,51 +110,55 @@ def conv1d_update_kernel(
     fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | (wb < -1) | (wb >= num_blocks),
                       BAD_BLOCK, 0)
-    fault |= tl.where((rb >= 0) & ((off < 0) | (off > width - K + 1)), BAD_OFFSET, 0)
-    fault |= tl.where(spec & (n > width - K + 2), BAD_QUERY_LEN, 0)
+    fault |= tl.where((rb >= 0) & ((off < 0) | (off > WIDTH - K + 1)), BAD_OFFSET, 0)
+    fault |= tl.where(spec & (n > WIDTH - K + 2), BAD_QUERY_LEN, 0)
     if tile == 0:
         flag_row(errors_ptr, row, fault)
     d = tile * TILE_D + tl.arange(0, TILE_D).to(tl.int64)
-    dmask = (d < dim)[None, :]
+    dmask = (d < DIM)[None, :]
     rbase = layer_offset + rb * block_stride
+    if ALIGN > 1:  # (see gdn._base)
+        rbase = tl.multiple_of(rbase, ALIGN)
     # reads stay inside the read block whatever the ids: the window below is loaded before
     # the row's checks are known (no round trip for them), and stored only if it is clean
-    has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= width - K + 1)
+    has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= WIDTH - K + 1)
     # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c
     c = tl.where(spec, n, 1)
     i = tl.arange(0, W_PAD).to(tl.int64)
     keep = (i < K - 2 + c)[:, None] & dmask & (n > 0) & (wb >= 0)
-    new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, width, dim, x_stride,
-                   num_tokens, has_hist, keep, K, LAYOUT_DS)
+    new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, x_stride, num_tokens,
+                   has_hist, keep, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
     if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's y is 0
         for start in range(0, n, BLOCK_T):
             t = start + tl.arange(0, BLOCK_T).to(tl.int64)
-            tl.store(y_ptr + (t0 + t)[:, None] * dim + d[None, :],
+            tl.store(y_ptr + (t0 + t)[:, None] * DIM + d[None, :],
                      tl.zeros((BLOCK_T, TILE_D), y_ptr.dtype.element_ty),
                      mask=(t < n)[:, None] & dmask)
     if fault == 0:
-        cb = tl.load(bias_ptr + d, mask=d < dim, other=0).to(tl.float32)
+        cb = tl.load(bias_ptr + d, mask=d < DIM, other=0).to(tl.float32)
         tt = tl.arange(0, BLOCK_T).to(tl.int64)
         for start in range(0, n, BLOCK_T):
             t = start + tt
             tmask = (t < n)[:, None] & dmask
             acc = tl.zeros((BLOCK_T, TILE_D), tl.float32)
             for k in tl.static_range(K):  # y[t] = sum_k w[:, k] * full[t + k], k in order
-                wk = tl.load(weight_ptr + d * w_stride + k, mask=d < dim, other=0).to(tl.float32)
-                acc += wk[None, :] * _full_at(pool_ptr, x_ptr, rbase, off, t0, t + k, d, width,
-                                              dim, x_stride, num_tokens, has_hist, tmask, K,
-                                              LAYOUT_DS)
+                wk = tl.load(weight_ptr + d * w_stride + k, mask=d < DIM, other=0).to(tl.float32)
+                acc += wk[None, :] * _full_at(pool_ptr, x_ptr, rbase, off, t0, t + k, d,
+                                              x_stride, num_tokens, has_hist, tmask, K, WIDTH,
+                                              DIM, X_ALIGN, LAYOUT_DS)
             acc += cb[None, :]
             if SILU:
                 acc = acc * tl.sigmoid(acc)
-            tl.store(y_ptr + (t0 + t)[:, None] * dim + d[None, :],
+            tl.store(y_ptr + (t0 + t)[:, None] * DIM + d[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=tmask)
         tl.debug_barrier()  # every load of the window before any store: wb may be rb
         wbase = layer_offset + wb * block_stride
+        if ALIGN > 1:
+            wbase = tl.multiple_of(wbase, ALIGN)
         if LAYOUT_DS:
-            w_offs = wbase + d[None, :] * width + i[:, None]
+            w_offs = wbase + d[None, :] * WIDTH + i[:, None]
         else:
-            w_offs = wbase + i[:, None] * dim + d[None, :]
+            w_offs = wbase + i[:, None] * DIM + d[None, :]
         tl.store(pool_ptr + w_offs, new.to(pool_ptr.dtype.element_ty), mask=keep)
 
 
@@ -207,11 +219,12 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         scalars=(("num_rows", rows), ("num_tiles", tiles), ("num_tokens", x.shape[0]),
                  ("layer_offset", layer * scal["layer_stride"]),
                  ("block_stride", scal["block_stride"]), ("num_blocks", scal["num_blocks"]),
-                 ("width", width), ("dim", dim), ("x_stride", x.strides[0]),
-                 ("w_stride", weight.strides[0])),
+                 ("x_stride", x.strides[0]), ("w_stride", weight.strides[0])),
         outputs=("y", "pool", "errors"),
         out_specs={"y": Output(x.shape, x.dtype)},
-        constexprs={"K": ksize, "W_PAD": next_pow2(width),
+        constexprs={"K": ksize, "WIDTH": width, "DIM": dim,
+                    "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
+                    "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu"},
         num_warps=NUM_WARPS,

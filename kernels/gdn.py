@@ -20,13 +20,26 @@ from .bookkeeping import check_errors
 from .copy import pool_align
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
-                   check_array, check_layer, check_pool, check_seqlens, next_pow2, pool_scalars)
+                   check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
+                   pool_scalars)
 from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row, seqlens_fault
 
 STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
+
+
+@triton.jit
+def _base(offset, index, stride, ALIGN: tl.constexpr):
+    """``offset + index * stride``, stated to be a multiple of ``ALIGN``. The compiler does
+    not carry the alignment through a product with a loaded id or a runtime stride, and
+    without it every access of the state (or of q, k, v) is one element wide; the hint
+    must be on the op that computes the sum (not on an argument), hence a helper."""
+    base = offset + index * stride
+    if ALIGN > 1:
+        base = tl.multiple_of(base, ALIGN)
+    return base
 
 
 @triton.jit
@@ -71,6 +84,8 @@ def _gdn(
     FUSED_GATES: tl.constexpr,
     L2NORM: tl.constexpr,
     ALIGN: tl.constexpr,
+    QK_ALIGN: tl.constexpr,
+    V_ALIGN: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
@@ -102,18 +117,21 @@ def _gdn(
     # Everything the first token needs is loaded before the row's checks are known, so the
     # checks add no round trip: every address is in bounds whatever the ids (the masks),
     # and nothing is stored unless the row is clean.
-    h = tl.load(pool_ptr + head + rb * block_stride + h_offs,
+    h = tl.load(pool_ptr + _base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    q_at = q_ptr + i_h * qk_stride_h + kk
-    k_at = k_ptr + i_h * qk_stride_h + kk
-    v_at = v_ptr + i_hv * v_stride_h + vv
+    qk_head = i_h * qk_stride_h
+    v_head = i_hv * v_stride_h + i_v * BV
+    vt = tl.arange(0, BV)
     live = (t0 >= 0) & (t0 < num_tokens) & (n > 0)
-    q = tl.load(q_at + t0 * qk_stride_t, mask=kmask & live, other=0)
-    k = tl.load(k_at + t0 * qk_stride_t, mask=kmask & live, other=0)
-    v = tl.load(v_at + t0 * v_stride_t, mask=vmask & live, other=0)
+    q = tl.load(q_ptr + _base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
+                mask=kmask & live, other=0)
+    k = tl.load(k_ptr + _base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
+                mask=kmask & live, other=0)
+    v = tl.load(v_ptr + _base(v_head, t0, v_stride_t, V_ALIGN) + vt,
+                mask=vmask & live, other=0)
     ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
     gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
 
@@ -134,9 +152,12 @@ def _gdn(
             t = t0 + j
             # the next token's inputs, loaded while this one computes
             more = j + 1 < n
-            q_next = tl.load(q_at + (t + 1) * qk_stride_t, mask=kmask & more, other=0)
-            k_next = tl.load(k_at + (t + 1) * qk_stride_t, mask=kmask & more, other=0)
-            v_next = tl.load(v_at + (t + 1) * v_stride_t, mask=vmask & more, other=0)
+            q_next = tl.load(q_ptr + _base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
+                             mask=kmask & more, other=0)
+            k_next = tl.load(k_ptr + _base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
+                             mask=kmask & more, other=0)
+            v_next = tl.load(v_ptr + _base(v_head, t + 1, v_stride_t, V_ALIGN) + vt,
+                             mask=vmask & more, other=0)
             ga_next = tl.load(gate_a_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
             gb_next = tl.load(gate_b_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
@@ -156,15 +177,13 @@ def _gdn(
             h = h + u[:, None] * kf[None, :]
             o = tl.sum(h * qf[None, :], axis=1)
             tl.store(out_o + t * num_heads * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
-            if spec:  # candidate j: the state after j + 1 tokens
-                wj = tl.sum(tl.where(jw == j, wb, 0), axis=0)
-                tl.store(pool_ptr + head + wj * block_stride + h_offs,
+            # one store site for both kinds of row: candidate j (the state after j + 1
+            # tokens) on spec rows, the final state to write block 0 on others
+            wj = tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
+            if spec | (j == n - 1):
+                tl.store(pool_ptr + _base(head, wj, block_stride, ALIGN) + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0))
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
-        w0 = tl.sum(tl.where(jw == 0, wb, 0), axis=0)
-        if (~spec) & (n > 0):
-            tl.store(pool_ptr + head + w0 * block_stride + h_offs,
-                     h.to(pool_ptr.dtype.element_ty), mask=hmask & (w0 >= 0))
 
 
 # One kernel per op, each naming its parameters as its op's arrays (the launch ABI);
@@ -210,13 +229,15 @@ def gated_delta_rule_kernel(
     LAYOUT_KV: tl.constexpr,
     L2NORM: tl.constexpr,
     ALIGN: tl.constexpr,
+    QK_ALIGN: tl.constexpr,
+    V_ALIGN: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
 
 
 @same_binary_jit
@@ -262,13 +283,15 @@ def gated_delta_rule_fused_gates_kernel(
     LAYOUT_KV: tl.constexpr,
     L2NORM: tl.constexpr,
     ALIGN: tl.constexpr,
+    QK_ALIGN: tl.constexpr,
+    V_ALIGN: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
@@ -333,7 +356,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
-                    "L2NORM": bool(use_qk_l2norm), "ALIGN": align},
+                    "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
+                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2])},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -338,3 +338,12 @@ def pool_scalars(spec: ArraySpec, layout: str = "temporal") -> dict:
         out["width"], out["dim"] = ((int(shape[2]), int(shape[3])) if layout == "SD"
                                     else (int(shape[3]), int(shape[2])))
     return out
+
+
+def io_align(a: ArraySpec, strides) -> int:
+    """The largest power of two of elements, up to 16 bytes, dividing ``strides``: the
+    alignment of a row of ``a`` (whose data the launchers hand over 16-byte aligned)."""
+    align = 16 // {"float32": 4, "float16": 2, "bfloat16": 2}[a.dtype]
+    while align > 1 and any(s % align for s in strides):
+        align //= 2
+    return align

@@ -121,3 +121,73 @@ def test_bookkeeping_kernels_compile_for_the_gpu_with_the_flag_atomics():
     atomics = json.loads(r.stdout.strip().splitlines()[-1])
     for name, ops in atomics.items():
         assert any(".or." in o for o in ops) and any(".min." in o for o in ops), (name, ops)
+
+
+RECURRENT_SCRIPT = r"""
+import json, os, re
+from collections import Counter
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import mamba_align.kernels as K
+
+spec = K.ArraySpec.row_major
+B, S = 64, 3
+ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
+bf = "bfloat16"
+plans = {
+    "gdn": K.plan_gated_delta_rule_fused_gates(
+        spec((2, 9, 32, 128, 128), "float32"), spec((2,), "int32"), spec((B, 16, 128), bf),
+        spec((B, 16, 128), bf), spec((B, 32, 128), bf), spec((B, 32), bf), spec((B, 32), bf),
+        spec((32,), "float32"), spec((32,), "float32"), cu, ids, spec((B, 1 + S), "int32"),
+        ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK"),
+    "conv": K.plan_conv1d_update(
+        spec((2, 9, 6, 8192), bf), spec((2,), "int32"), spec((B, 8192), bf),
+        spec((8192, 4), bf), spec((8192,), bf), cu, ids, ids, ids, ids, layer=1, layout="SD",
+        activation="silu"),
+}
+types = {"gdn": {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32"}, "conv": {}}
+out = {}
+for name, plan in plans.items():
+    names = plan.kernel.arg_names
+
+    def ty(n):
+        if not n.endswith("_ptr"):
+            return "fp32" if n == "scale" else "i32"
+        stem = n[:-4].replace("_in", "")
+        if stem in types[name]:
+            return types[name][stem]
+        return "*i32" if stem in ("errors", "cu_seqlens", "read_block", "write_blocks",
+                                  "read_offset", "write_block", "is_spec") else "*bf16"
+    sig = {n: "constexpr" if n in plan.constexprs else ty(n) for n in names}
+    # pointers 16-byte aligned, integers unmarked: what jax-triton tells the compiler
+    src = ASTSource(fn=plan.kernel, signature=sig, constexprs=dict(plan.constexprs),
+                    attrs={(names.index(n),): [["tt.divisibility", 16]]
+                           for n in names if n.endswith("_ptr")})
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                         options={"num_warps": plan.num_warps}).asm["ptx"]
+    out[name] = dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
+print(json.dumps(out))
+"""
+
+
+def test_recurrent_kernels_access_the_state_in_16_byte_vectors():
+    """The gated delta rule's state and the conv's SD window compile to 16-byte accesses
+    (sm_90, no GPU needed) although no integer argument is marked aligned: each kernel
+    states the alignment its plan derived. Without it the GDN state was read and written
+    4 bytes at a time and held the addresses in registers (157 per thread; 3.5 instead of
+    3.96 TB/s at decode, benchmarks/README.md)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, "-c", RECURRENT_SCRIPT], env=env, capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode:
+        pytest.fail(f"compiling the recurrent kernels for sm_90 failed:\n{r.stderr[-3000:]}")
+    acc = json.loads(r.stdout.strip().splitlines()[-1])
+    gdn = acc["gdn"]
+    # the fp32 state's [8, 128] tile in one warp: 8 loads and 8 stores of 16 bytes per
+    # thread, no 4-byte store (the int32 ids and the bf16 q/k/v/o account for the rest)
+    assert gdn.get("ld.global.v4.b32", 0) >= 8 and gdn.get("st.global.v4.b32", 0) >= 8, gdn
+    assert "st.global.b32" not in gdn, gdn
+    conv = acc["conv"]
+    assert conv.get("ld.global.v4.b32", 0) >= 1 and "st.global.b16" not in conv, conv

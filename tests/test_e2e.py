@@ -12,19 +12,21 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from hybrid_model import TINY, init_weights  # noqa: E402
+import torch  # noqa: E402
+from hybrid_model import GPU, TINY, init_weights  # noqa: E402
 from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
 
+CUDA = torch.cuda.is_available()
+MODEL = GPU if CUDA else TINY  # on the GPU machine: Qwen3-Next's head shapes (make gpu)
 B, S, NB, SLOTS = 4, 2, 48, 4
-CACHE = TINY.cache_config(B, S)
-WEIGHTS = init_weights(TINY, seed=0)
+CACHE = MODEL.cache_config(B, S)
+WEIGHTS = init_weights(MODEL, seed=0)
 
 
 @pytest.fixture(scope="module")
 def torch_model():
-    import torch
     from hybrid_torch import TorchModel
-    return TorchModel(TINY, WEIGHTS, "cuda" if torch.cuda.is_available() else "cpu")
+    return TorchModel(MODEL, WEIGHTS, "cuda" if CUDA else "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -32,22 +34,22 @@ def plain(torch_model):
     """The workload, each request's greedy continuation, and its logits run alone
     without a cache."""
     from hybrid_torch import single_row
-    return multi_turn_workload(TINY, seed=0, conversations=2, block_size=B, new_tokens=6,
+    return multi_turn_workload(MODEL, seed=0, conversations=2, block_size=B, new_tokens=6,
                                forward_one=single_row(torch_model, S))
 
 
 def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None,
-                check_argmax=True, num_blocks=NB):
+                check_argmax=True, num_blocks=NB, **step_kw):
     from hybrid_torch import new_pools, serving_step
 
     from mamba_align.backends.torch import StateRunner
     runner = (runner_type or StateRunner)(CACHE, SLOTS, model.device, mode=mode)
     pools = new_pools(CACHE, num_blocks, model.device)
     workload, outputs, _ = plain
-    step = serving_step(model, runner, pools)
-    served = serve(TINY, workload, outputs, step, block_size=B, num_spec=S,
-                   num_blocks=num_blocks,
-                   caching=caching, snapshot=step.snapshot, check_argmax=check_argmax)
+    step = serving_step(model, runner, pools, **step_kw)
+    served = serve(MODEL, workload, outputs, step, block_size=B, num_spec=S,
+                   num_blocks=num_blocks, caching=caching, snapshot=step.snapshot,
+                   check_argmax=check_argmax, pad=bool(step_kw))
     runner.raise_errors()
     return served
 
@@ -69,16 +71,16 @@ def test_the_workload_hits_the_cache_and_drafts_vary(torch_model, plain):
 def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, mode):
     # each block recorded in the prefix cache, as it was then, against the request's first
     # n tokens run alone from an empty state: the recurrent state and the conv history
-    from hybrid_torch import single_row
+    from hybrid_torch import single_row, to_numpy
     served = serve_torch(torch_model, plain, mode=mode)
     assert len(served.cached) >= 4
     workload, outputs, _ = plain
-    K = TINY.conv_kernel
+    K = MODEL.conv_kernel
     for rid, n, got in served.cached:
         tokens = (list(workload.requests[rid][1]) + list(outputs[rid]))[:n]
         alone = single_row(torch_model, S)
         alone(tokens, -1, 1)
-        want = {name: p[:, 1].cpu().numpy() for name, p in alone.pools.items()}
+        want = {name: to_numpy(p[:, 1]) for name, p in alone.pools.items()}
         np.testing.assert_array_equal(got["ssm"], want["ssm"], err_msg=f"{rid} at {n}")
         np.testing.assert_array_equal(got["conv"][..., :K - 1], want["conv"][..., :K - 1],
                                       err_msg=f"{rid} at {n}")
@@ -115,11 +117,33 @@ def test_torch_equals_jax_bit_for_bit(torch_model, plain):
 
     from mamba_align.backends import jax as mj
     want = serve_torch(torch_model, plain)
-    step = serving_step(TINY, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
-    got = serve(TINY, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
+    step = serving_step(MODEL, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
+    got = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
     assert mj.errors(step.carry["state"]) == []
     assert got.logits.keys() == want.logits.keys()
     assert compare(got.logits, want.logits) == (len(want.logits), 0)
+
+
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_one_device_step_per_scheduler_step(torch_model, plain, mode):
+    # the runners as a server runs them: batches padded to a fixed number of rows and a
+    # power of two of tokens, greedy acceptance on the device, the whole step one CUDA
+    # graph replay (torch on a GPU; eager on the CPU) or one jitted call (JAX). serve
+    # checks every step's sampled counts against the reference sampler's; the logits
+    # must be the bits of each request run alone, padding and all
+    from hybrid_jax import load_weights, new_pools, serving_step
+
+    from mamba_align.backends import jax as mj
+    torch_run = serve_torch(torch_model, plain, mode=mode, fused=True, graphs=True)
+    assert compare(torch_run.logits, plain[2]) == (len(torch_run.logits), 0)
+    step = serving_step(MODEL, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS,
+                        mode, fused=True)
+    jax_run = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S,
+                    num_blocks=NB, pad=True)
+    assert mj.errors(step.carry["state"]) == []
+    assert jax_run.logits.keys() == torch_run.logits.keys()
+    assert compare(jax_run.logits, torch_run.logits) == (len(torch_run.logits), 0)
+    assert 0 < torch_run.accepted < torch_run.drafts
 
 
 def test_a_corrupted_cache_hit_is_caught(torch_model, plain):
