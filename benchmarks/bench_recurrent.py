@@ -299,6 +299,8 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     if c.spec:  # fla's conv update takes one token per sequence
         return
     K = s["KC"]
+    retune_fla_conv()
+    c.i = 0  # the conv group the check below reads
     caches = []  # fla's contiguous [B, D, K] caches, one per conv group (as cold as ours)
     for crb, _ in c.csets:
         cache = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
@@ -320,6 +322,18 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
         c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
 
     rec("conv", "fla_pooled", B, T, c.timed(conv_pooled), conv_bytes(s, B, K - 1))
+
+
+def retune_fla_conv() -> None:
+    """Forget fla's autotuned conv config: its autotuner keys on (D, W) only, so the
+    config chosen at the first batch size would serve every other (2.7x apart at B = 256
+    between runs); cleared before each batch, every B gets fla's best."""
+    import fla.modules.causal_conv1d.ops as conv_ops
+    k = conv_ops.causal_conv1d_update_kernel
+    while k is not None and not hasattr(k, "cache"):
+        k = getattr(k, "fn", None)
+    if k is not None and isinstance(k.cache, dict):
+        k.cache.clear()
 
 
 def jax_rows(s, c: Case, rec, small: bool) -> None:
