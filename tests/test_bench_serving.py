@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -16,7 +18,8 @@ def test_small_run_checks_and_records_every_method(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "serving_h200.json").read_text())
     runs = {(x["method"], x["caching"]): x for x in data["records"]}
-    assert set(runs) == {(m, c) for m in ("torch_eager", "jax") for c in (True, False)}
+    methods = ("torch_graphs",) * torch.cuda.is_available() + ("torch_eager", "jax")
+    assert set(runs) == {(m, c) for m in methods for c in (True, False)}
     for (method, caching), x in runs.items():
         assert x["checked_positions"] > 0 and x["steps"] > 0
         assert (x["hit_tokens"] > 0) == caching

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from hybrid_model import TINY, init_weights  # noqa: E402
@@ -64,10 +65,13 @@ class Rules:
         return copies, dest
 
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
 @pytest.fixture(scope="module")
 def model():
     from hybrid_torch import TorchModel
-    return TorchModel(TINY, init_weights(TINY, seed=0), "cpu")
+    return TorchModel(TINY, init_weights(TINY, seed=0), DEV)
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +100,8 @@ def served(model, monkeypatch_module):
 
     sched = Scheduler(CACHE, NB, max_num_seqs=SLOTS, max_num_tokens=BUDGET,
                       max_model_len=64, drafter=drafter)
-    runner = StateRunner(CACHE, SLOTS, "cpu")
-    step = serving_step(model, runner, new_pools(CACHE, NB, "cpu"))
+    runner = StateRunner(CACHE, SLOTS, DEV)
+    step = serving_step(model, runner, new_pools(CACHE, NB, DEV))
     steps, t, pending = [], 0, dict(ARRIVAL)
     while pending or sched.has_unfinished():
         for r in [r for r, at in pending.items() if at <= t]:
