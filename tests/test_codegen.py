@@ -56,14 +56,20 @@ print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def ptx_accesses():
+def compiled(script: str, what: str):
+    """The JSON that ``script`` prints after compiling ``what`` kernels (a subprocess:
+    this session may have chosen Triton's interpreter)."""
     env = dict(os.environ, TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                        timeout=600)
     if r.returncode:
-        pytest.fail(f"compiling the copy kernels for sm_90 failed:\n{r.stderr[-3000:]}")
+        pytest.fail(f"compiling the {what} kernels for sm_90 failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def ptx_accesses():
+    return compiled(SCRIPT, "copy")
 
 
 @pytest.mark.parametrize("pool", ["temporal", "conv"])
@@ -113,12 +119,7 @@ print(json.dumps(out))
 def test_bookkeeping_kernels_compile_for_the_gpu_with_the_flag_atomics():
     """The fault checks compile for sm_90 (no GPU needed), and each kernel updates the
     error flag with atomic OR and MIN."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, "-c", BOOKKEEPING_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=600)
-    if r.returncode:
-        pytest.fail(f"compiling the bookkeeping kernels for sm_90 failed:\n{r.stderr[-3000:]}")
-    atomics = json.loads(r.stdout.strip().splitlines()[-1])
+    atomics = compiled(BOOKKEEPING_SCRIPT, "bookkeeping")
     for name, ops in atomics.items():
         assert any(".or." in o for o in ops) and any(".min." in o for o in ops), (name, ops)
 
@@ -178,12 +179,7 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors():
     states the alignment its plan derived. Without it the GDN state was read and written
     4 bytes at a time and held the addresses in registers (157 per thread; 3.5 instead of
     3.96 TB/s at decode, benchmarks/README.md)."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    r = subprocess.run([sys.executable, "-c", RECURRENT_SCRIPT], env=env, capture_output=True,
-                       text=True, timeout=600)
-    if r.returncode:
-        pytest.fail(f"compiling the recurrent kernels for sm_90 failed:\n{r.stderr[-3000:]}")
-    acc = json.loads(r.stdout.strip().splitlines()[-1])
+    acc = compiled(RECURRENT_SCRIPT, "recurrent")
     gdn = acc["gdn"]
     # the fp32 state's [8, 128] tile in one warp: 8 loads and 8 stores of 16 bytes per
     # thread, no 4-byte store (the int32 ids and the bf16 q/k/v/o account for the rest)

@@ -179,3 +179,35 @@ def test_a_corrupted_cache_hit_is_caught(torch_model, plain):
         assert {r for r, _ in differ} == set(hits)
         for r, n in hits.items():  # its first computed position on
             assert (r, n) in differ and all(p >= n for q, p in differ if q == r)
+
+
+def test_a_broken_post_process_copy_is_caught(torch_model, plain):
+    # negative control: a runner whose post-process does its bookkeeping but skips the
+    # copies that save boundary snapshots. Blocks then enter the prefix cache without the
+    # state at their boundary: the snapshot check and the second turns' logits must fail
+    import mamba_align.backends.torch.runner as runner_module
+    from hybrid_torch import single_row, to_numpy
+
+    from mamba_align.backends.torch import StateRunner
+
+    class SkipsSnapshotCopies(StateRunner):
+        def postprocess(self, *args, **kwargs):
+            real = runner_module.ops.copy_pools_
+            runner_module.ops.copy_pools_ = lambda *a, **k: None
+            try:
+                return super().postprocess(*args, **kwargs)
+            finally:
+                runner_module.ops.copy_pools_ = real
+
+    broken = serve_torch(torch_model, plain, runner_type=SkipsSnapshotCopies,
+                         check_argmax=False)
+    workload, outputs, alone = plain
+    stale = 0
+    for rid, n, got in broken.cached:
+        tokens = (list(workload.requests[rid][1]) + list(outputs[rid]))[:n]
+        single = single_row(torch_model, S)
+        single(tokens, -1, 1)
+        stale += not np.array_equal(got["ssm"], to_numpy(single.pools["ssm"][:, 1]))
+    assert stale >= 1
+    differ = {r for r, p in broken.logits if not np.array_equal(broken.logits[r, p], alone[r, p])}
+    assert differ and differ <= {r for r, n in broken.hit_tokens.items() if n}
