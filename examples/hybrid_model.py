@@ -20,8 +20,8 @@ state is fp32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, NamedTuple, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Dict, NamedTuple, Sequence, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -118,6 +118,39 @@ def init_weights(cfg: ModelConfig, seed: int = 0) -> Dict[str, np.ndarray]:
     w["norm_f"] = norm(cfg.d_model)
     w["lm_head"] = proj(cfg.d_model, cfg.vocab)
     return w
+
+
+def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
+          rank: int) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
+    """Rank ``rank`` of ``tp`` tensor-parallel ranks, split by heads as serving engines do:
+    its ``heads / tp`` qk heads and ``value_heads / tp`` value heads (the conv channels of
+    those q, k, v; their gates, ``A_log``, ``dt_bias`` and rows of ``w_o``) and ``mlp / tp``
+    MLP units (columns of ``w_gate`` / ``w_up``, rows of ``w_down``); norms, embedding and
+    output head whole. Returns the shard's config (its ``cache_config`` describes the
+    rank's state pools) and weights. The outputs of ``w_o`` and ``w_down`` are partial
+    sums: summed over the ranks (one all-reduce each per layer), they are the whole
+    model's up to the order of that sum."""
+    if tp < 1 or not 0 <= rank < tp or cfg.heads % tp or cfg.value_heads % tp or cfg.mlp % tp:
+        raise ValueError(f"tp = {tp} must divide heads {cfg.heads}, value heads "
+                         f"{cfg.value_heads} and mlp {cfg.mlp}; rank {rank} must be in [0, tp)")
+    H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
+    qk = np.arange(rank * H // tp * K, (rank + 1) * H // tp * K)
+    heads = np.arange(rank * HV // tp, (rank + 1) * HV // tp)
+    vals = np.arange(rank * HV // tp * V, (rank + 1) * HV // tp * V)
+    conv = np.concatenate([qk, H * K + qk, 2 * H * K + vals])  # this rank's q, k, v channels
+    mlp = np.arange(rank * cfg.mlp // tp, (rank + 1) * cfg.mlp // tp)
+    out = {n: a for n, a in w.items()}
+    for i in range(cfg.layers):
+        p = f"l{i}."
+        out[p + "w_qkvz"] = w[p + "w_qkvz"][:, np.concatenate([conv, cfg.d_conv + vals])]
+        out[p + "w_ba"] = w[p + "w_ba"][:, np.concatenate([heads, HV + heads])]
+        out[p + "conv_w"], out[p + "conv_b"] = w[p + "conv_w"][conv], w[p + "conv_b"][conv]
+        out[p + "A_log"], out[p + "dt_bias"] = w[p + "A_log"][heads], w[p + "dt_bias"][heads]
+        out[p + "w_o"] = w[p + "w_o"][vals]
+        out[p + "w_gate"], out[p + "w_up"] = w[p + "w_gate"][:, mlp], w[p + "w_up"][:, mlp]
+        out[p + "w_down"] = w[p + "w_down"][mlp]
+    part = replace(cfg, heads=H // tp, value_heads=HV // tp, mlp=cfg.mlp // tp)
+    return part, {n: np.ascontiguousarray(a) for n, a in out.items()}
 
 
 def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],

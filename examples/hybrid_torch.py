@@ -38,9 +38,13 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 class TorchModel:
     """The model's weights on ``device``; :meth:`forward` runs one step."""
 
-    def __init__(self, cfg: ModelConfig, weights: Mapping[str, np.ndarray], device):
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, np.ndarray], device,
+                 reduce=None):
+        """``reduce``: applied to the fp32 outputs of ``w_o`` and ``w_down`` before the
+        residual adds them (a tensor-parallel shard's all-reduce; none by default)."""
         self.cfg, self.device = cfg, torch.device(device)
         self.w: Dict[str, torch.Tensor] = {n: to_torch(a, device) for n, a in weights.items()}
+        self.reduce = reduce or (lambda t: t)
 
     def forward(self, pools: Mapping[str, torch.Tensor], errors: torch.Tensor,
                 tokens: torch.Tensor, cu_seqlens: torch.Tensor, blocks,
@@ -75,11 +79,11 @@ class TorchModel:
                 use_qk_l2norm=True)["o"]
             o = ops.rms_norm_gated(o.view(T * HV, V), z.view(T * HV, V), w[p + "onorm"],
                                    eps=cfg.eps)["y"]
-            x = x + ops.linear(o.view(T, HV * V), w[p + "w_o"])["y"].float()
+            x = x + self.reduce(ops.linear(o.view(T, HV * V), w[p + "w_o"])["y"].float())
             h2 = ops.rms_norm(x.to(dt), w[p + "norm2"], eps=cfg.eps)["y"]
             m = ops.silu_mul(ops.linear(h2, w[p + "w_gate"])["y"],
                              ops.linear(h2, w[p + "w_up"])["y"])["y"]
-            x = x + ops.linear(m, w[p + "w_down"])["y"].float()
+            x = x + self.reduce(ops.linear(m, w[p + "w_down"])["y"].float())
         h = ops.rms_norm(x.to(dt), w["norm_f"], eps=cfg.eps)["y"]
         return ops.linear(h, w["lm_head"])["y"].float()
 
