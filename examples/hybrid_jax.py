@@ -6,7 +6,7 @@ the same bits as from torch.
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, Tuple
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -25,9 +25,12 @@ def load_weights(weights: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
 
 def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, jax.Array],
             errors: jax.Array, tokens: jax.Array, cu_seqlens: jax.Array, blocks,
-            is_spec: jax.Array) -> Tuple[jax.Array, Dict[str, jax.Array], jax.Array]:
+            is_spec: jax.Array, reduce: Optional[Callable] = None,
+            ) -> Tuple[jax.Array, Dict[str, jax.Array], jax.Array]:
     """``(logits fp32 [T, vocab], pools, errors)`` of one step: the arguments as for
-    ``TorchModel.forward``; ``cfg`` is static under ``jax.jit``."""
+    ``TorchModel.forward`` (``reduce`` too: a shard's all-reduce, e.g. ``lax.psum``);
+    ``cfg`` is static under ``jax.jit``."""
+    reduce = reduce or (lambda t: t)
     H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
     T = tokens.shape[0]
     conv, ssm = pools["conv"], pools["ssm"]
@@ -54,11 +57,11 @@ def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, ja
         ssm, errors = out["pool"], out["errors"]
         o = ops.rms_norm_gated(out["o"].reshape(T * HV, V), z.reshape(T * HV, V),
                                w[p + "onorm"], eps=cfg.eps)["y"]
-        x = x + ops.linear(o.reshape(T, HV * V), w[p + "w_o"])["y"].astype(jnp.float32)
+        x = x + reduce(ops.linear(o.reshape(T, HV * V), w[p + "w_o"])["y"].astype(jnp.float32))
         h2 = ops.rms_norm(x.astype(dt), w[p + "norm2"], eps=cfg.eps)["y"]
         m = ops.silu_mul(ops.linear(h2, w[p + "w_gate"])["y"],
                          ops.linear(h2, w[p + "w_up"])["y"])["y"]
-        x = x + ops.linear(m, w[p + "w_down"])["y"].astype(jnp.float32)
+        x = x + reduce(ops.linear(m, w[p + "w_down"])["y"].astype(jnp.float32))
     h = ops.rms_norm(x.astype(dt), w["norm_f"], eps=cfg.eps)["y"]
     logits = ops.linear(h, w["lm_head"])["y"].astype(jnp.float32)
     return logits, {**pools, "conv": conv, "ssm": ssm}, errors
@@ -108,21 +111,29 @@ def greedy_accept(logits: jax.Array, tokens: jax.Array, cu_seqlens: jax.Array,
 
 
 def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_slots: int,
-                 mode: str = "pre-copy", *, fused: bool = False):
+                 mode: str = "pre-copy", *, fused: bool = False, mesh=None, axis: str = "tp"):
     """``step(inputs, sample)`` for ``hybrid_serving.serve``: one jitted call per step
     (compiled once per shape of the inputs), the pure JAX bookkeeping (``add_requests``,
     ``preprocess``, ``postprocess``) around the model, the slot state and pools donated
     and carried between steps (``step.carry``). Returns the logits (on the device) and
     the sampled counts (NumPy): ``sample()``'s by default, :func:`greedy_accept`'s on the
-    device with ``fused``."""
+    device with ``fused``.
+
+    With ``mesh`` (a ``jax.sharding.Mesh`` with axis ``axis`` of ``tp`` devices), tensor
+    parallel: ``cfg`` and ``cache`` are a shard's (``hybrid_model.shard``), every weight
+    and pool carries the ranks' shards stacked on a leading axis of ``tp``, sharded over
+    the mesh, and the step is one ``shard_map`` jitted once for the mesh: each device
+    runs the kernels on its shard, sums the partial outputs with ``lax.psum``, and
+    repeats the replicated bookkeeping (implies ``fused``)."""
     carry = {"state": mj.init_state(num_slots), "pools": pools}
+    reduce = None if mesh is None else (lambda t: jax.lax.psum(t, axis))
 
     def body(w, state, pools, x, ns):
         state = mj.add_requests(state, x.added_slots, x.added_num_computed, config=cache)
         state, pools, blocks = mj.preprocess(state, pools, x.idx_mapping, x.query_len,
                                              x.is_spec, x.block_table, config=cache, mode=mode)
         logits, pools, errors = forward(cfg, w, pools, state.errors, x.tokens, x.cu_seqlens,
-                                        blocks, x.is_spec)
+                                        blocks, x.is_spec, reduce)
         if ns is None:
             ns = greedy_accept(logits, x.tokens, x.cu_seqlens, x.is_spec, x.limit,
                                cache.num_spec)
@@ -131,12 +142,30 @@ def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_sl
                                          config=cache)
         return logits, ns, state, pools
 
-    jitted = jax.jit(body, donate_argnums=(1, 2))
+    if mesh is None:
+        jitted = jax.jit(body, donate_argnums=(1, 2))
+    else:
+        fused = True
+        P = jax.sharding.PartitionSpec
+        one = lambda tree: jax.tree.map(lambda a: a[0], tree)  # noqa: E731  (this shard)
+        stacked = lambda tree: jax.tree.map(lambda a: a[None], tree)  # noqa: E731
+
+        def shard_body(w, state, pools, x):
+            logits, ns, state, pools = body(one(w), state, one(pools), x, None)
+            return logits, ns, state, stacked(pools)
+        # the bookkeeping's outputs are replicated by construction (every device computes
+        # them from the same inputs), which shard_map is told rather than shown
+        jitted = jax.jit(jax.shard_map(shard_body, mesh=mesh,
+                                       in_specs=(P(axis), P(), P(axis), P()),
+                                       out_specs=(P(), P(), P(), P(axis)), check_vma=False),
+                         donate_argnums=(1, 2))
 
     def step(inputs, sample):
         ns = None if fused else jnp.asarray(np.asarray(sample(), np.int32))
-        logits, ns, carry["state"], carry["pools"] = jitted(
-            w, carry["state"], carry["pools"], type(inputs)(*map(jnp.asarray, inputs)), ns)
+        x = type(inputs)(*map(jnp.asarray, inputs))
+        args = (w, carry["state"], carry["pools"], x) + ((ns,) if mesh is None else ())
+        logits, ns, carry["state"], carry["pools"] = jitted(*args)
         return logits, np.asarray(ns)
+
     step.carry = carry
     return step

@@ -43,6 +43,8 @@ B, S = 4, 2
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=None, help="rank 0 writes its summary here")
+    ap.add_argument("--logits", type=Path, default=None,
+                    help="write the tensor-parallel run's logits here (.npz)")
     ap.add_argument("--conversations", type=int, default=1)
     ap.add_argument("--new-tokens", type=int, default=6)
     args = ap.parse_args()
@@ -95,6 +97,8 @@ def main() -> None:
         print(json.dumps(summary, indent=1))
         if args.out is not None:
             args.out.write_text(json.dumps(summary, indent=1) + "\n")
+        if args.logits is not None:
+            np.savez(args.logits, keys=np.array(keys), logits=mine)
     dist.destroy_process_group()
     if not (summary["cached_equals_uncached"] and ranks_agree and summary["hit_tokens"] > 0):
         sys.exit(1)

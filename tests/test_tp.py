@@ -1,8 +1,10 @@
-"""Tensor parallelism over two ranks on the CPU (torch: gloo, two processes launched with
-torchrun): each rank holds its heads' share of the weights and the state pools, the
-bookkeeping is replicated. The tp = 2 run samples the tokens of tp = 1, cached equals
-uncached bit for bit within it, both ranks compute the same logits, and the logits are
-within fp32 reduction-order error of tp = 1 (examples/serve_tp_torch.py)."""
+"""Tensor parallelism over two ranks on the CPU: torch with gloo, two processes launched
+with torchrun (examples/serve_tp_torch.py), and JAX on a mesh of two host devices
+(examples/serve_tp_jax.py). Each rank holds its heads' share of the weights and the state
+pools, the bookkeeping is replicated. The tp = 2 run samples the tokens of tp = 1, cached
+equals uncached bit for bit within it, both torch ranks compute the same logits, the
+logits are within fp32 reduction-order error of tp = 1, and torch's tp = 2 logits are
+JAX's, bit for bit."""
 
 import json
 import socket
@@ -41,17 +43,41 @@ def test_shards_partition_the_heads_and_the_mlp():
         shard(TINY, w, 3, 0)
 
 
-def test_two_ranks_serve_like_one(tmp_path):
-    out = tmp_path / "summary.json"
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(free_port()),
-                        str(ROOT / "examples" / "serve_tp_torch.py"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=900)
+def run_tp(tmp_path, framework: str):
+    out, logits = tmp_path / f"{framework}.json", tmp_path / f"{framework}.npz"
+    script = [str(ROOT / "examples" / f"serve_tp_{framework}.py"), "--out", str(out),
+              "--logits", str(logits), "--new-tokens", "5"]
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+               "--master-port", str(free_port())] if framework == "torch" else
+              [sys.executable])
+    r = subprocess.run(launch + script, capture_output=True, text=True, timeout=900)
     # serve's argmax check raises (a non-zero exit) at any token other than tp = 1's
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["tp"] == 2 and got["positions"] > 0 and got["hit_tokens"] > 0
-    assert got["ranks_agree"]
     assert got["cached_equals_uncached"] and got["compared"] == got["positions"]
-    # the all-reduce adds two fp32 partial sums where one rank's kernel adds in one pass
+    # the all-reduce adds two fp32 partial sums where one device's kernel adds in one pass
     assert got["max_abs_diff_vs_tp1"] <= 1e-5 * max(1.0, got["max_abs_logit"])
+    return got, np.load(logits)
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp")
+    return {f: run_tp(tmp, f) for f in ("torch", "jax")}
+
+
+def test_two_torch_ranks_serve_like_one(tp_runs):
+    got, _ = tp_runs["torch"]
+    assert got["ranks_agree"]
+
+
+def test_a_two_device_jax_mesh_serves_like_one(tp_runs):
+    got, _ = tp_runs["jax"]
+    assert len(set(got["devices"])) == 2  # the mesh spans two devices
+
+
+def test_torch_and_jax_shard_alike_bit_for_bit(tp_runs):
+    (_, a), (_, b) = tp_runs["torch"], tp_runs["jax"]
+    np.testing.assert_array_equal(a["keys"], b["keys"])
+    np.testing.assert_array_equal(a["logits"], b["logits"])
