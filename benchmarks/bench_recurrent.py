@@ -34,6 +34,9 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
 os.environ.setdefault("FLA_FLASH_QLA", "0")  # fla's own Triton kernels, not an add-on package
+# no autotune results on disk: they are keyed without the batch, so a config tuned at one B
+# would come back at every other (see retune_fla_conv)
+os.environ.setdefault("FLA_CACHE_RESULTS", "0")
 
 import argparse
 import datetime
@@ -265,6 +268,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceiling": ceiling,
         "conv_groups": True,  # the conv pool and fla's caches cycle groups of their own
+        "fla_conv_tuned_per_batch": True,  # retune_fla_conv with no disk cache
         "timer": "triton.testing.do_bench_cudagraph (median device time of a CUDA-graph "
                  "replay); ours_jax: GPU busy time from a jax.profiler trace",
     }
@@ -334,6 +338,7 @@ def retune_fla_conv() -> None:
         k = getattr(k, "fn", None)
     if k is not None and isinstance(k.cache, dict):
         k.cache.clear()
+        k.cache_results = False  # (and none reloaded from disk)
 
 
 def jax_rows(s, c: Case, rec, small: bool) -> None:

@@ -213,9 +213,10 @@ def serving_md(results: Path) -> str:
         f"{st['num_spec']} drafts per step (30 % of drafted tokens wrong), "
         f"{st['max_num_seqs']} rows and {st['max_num_tokens']} tokens per step at most.",
         "- Each method's logits were checked against each request run alone, every "
-        "position bit for bit, before its timed runs (the run of median wall time of "
-        f"{data['records'][0].get('repeats', 1)} is shown). Decode steps/s: steps whose "
-        "rows all decode, "
+        "position bit for bit, before its timed runs (" + (
+            f"the run of median wall time of {data['records'][0]['repeats']} is shown"
+            if data["records"][0].get("repeats") else "the checked run is shown, compile "
+            "time included") + "). Decode steps/s: steps whose rows all decode, "
         "over their summed step time; TTFT: host wall clock from admission to the step "
         "that sampled the first token (queueing included).", "", table(data)])
 

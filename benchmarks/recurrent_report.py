@@ -51,7 +51,14 @@ def recurrent_md(results: Path) -> str:
               "- Caveat (conv rows): the block groups the benchmark cycles through are sized "
               "for the GDN state, so the conv state they cycle (24-48 MiB) and fla's single "
               "conv cache largely stay in the 50 MB L2: the conv figures are cache-warm, not "
-              "HBM-bound, on both sides."), "",
+              "HBM-bound, on both sides."),
+             *([] if h.get("fla_conv_tuned_per_batch") else [
+                 "- Caveat (fla's conv): its autotuner keys on (D, W) and, in fla 0.6.0, keeps "
+                 "its results on disk, so the configuration it tuned at B = 1 served every B of "
+                 "this run; the benchmark's reset did not reach the disk copy. A probe the same "
+                 "day measured fla's conv at 9.4 / 32.2 µs at B = 64 / 256 "
+                 "(`results/probe_recurrent_variants_h200.json`): against those, ours is at "
+                 "76 %, not the ratio below."]), "",
              "| op | T | B | ours µs | ours TB/s | ours_jax µs | fla µs | fla TB/s | "
              "fla pooled µs | ours vs fla | ours vs pooled | JAX vs torch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
