@@ -23,8 +23,8 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
                    pool_scalars)
-from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, flag_row,
-                   seqlens_fault)
+from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned_base,
+                   flag_row, seqlens_fault)
 
 MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program at most (in batches of SMALL_BATCH rows or more)
@@ -56,7 +56,7 @@ def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, x_stride, num_tokens, has_hi
                    LAYOUT_DS)
     xr = t0 + i - (K - 1)
     x_rows = xr * x_stride
-    if X_ALIGN > 1:  # (see gdn._base: stated on the op that makes the product)
+    if X_ALIGN > 1:  # (see rows.aligned_base: stated on the op that makes the product)
         x_rows = tl.multiple_of(x_rows, X_ALIGN)
     xv = tl.load(x_ptr + x_rows[:, None] + d[None, :],
                  mask=mask & (~hist & (xr >= 0) & (xr < num_tokens))[:, None], other=0)
@@ -116,9 +116,7 @@ def conv1d_update_kernel(
         flag_row(errors_ptr, row, fault)
     d = tile * TILE_D + tl.arange(0, TILE_D).to(tl.int64)
     dmask = (d < DIM)[None, :]
-    rbase = layer_offset + rb * block_stride
-    if ALIGN > 1:  # (see gdn._base)
-        rbase = tl.multiple_of(rbase, ALIGN)
+    rbase = aligned_base(layer_offset, rb, block_stride, ALIGN)
     # reads stay inside the read block whatever the ids: the window below is loaded before
     # the row's checks are known (no round trip for them), and stored only if it is clean
     has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= WIDTH - K + 1)
@@ -152,9 +150,7 @@ def conv1d_update_kernel(
             tl.store(y_ptr + (t0 + t)[:, None] * DIM + d[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=tmask)
         tl.debug_barrier()  # every load of the window before any store: wb may be rb
-        wbase = layer_offset + wb * block_stride
-        if ALIGN > 1:
-            wbase = tl.multiple_of(wbase, ALIGN)
+        wbase = aligned_base(layer_offset, wb, block_stride, ALIGN)
         if LAYOUT_DS:
             w_offs = wbase + d[None, :] * WIDTH + i[:, None]
         else:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .plan import (MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
-                   check_pool, dtype_bits, next_pow2, pool_scalars)
+                   check_pool, dtype_bits, largest_align, next_pow2, pool_scalars)
 
 
 @triton.jit
@@ -316,7 +316,4 @@ def pool_align(scalars: dict, layout: str = "temporal", cap: int = 16) -> int:
     values = [scalars["layer_stride"], scalars["block_stride"]]
     if layout == "SD":
         values.append(scalars["dim"])
-    align = cap
-    while align > 1 and any(v % align for v in values):
-        align //= 2
-    return align
+    return largest_align(values, cap)

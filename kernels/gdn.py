@@ -11,35 +11,21 @@ otherwise. Tiles never depend on the batch, so a row's bits do not either.
 from __future__ import annotations
 
 import functools
-import math
 
 import triton
 import triton.language as tl
 
 from .bookkeeping import check_errors
-from .copy import pool_align
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
-                   check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
-                   pool_scalars)
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, flag_row, seqlens_fault
+                   check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
+                   next_pow2, pool_scalars)
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, aligned_base, flag_row, seqlens_fault
 
 STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
-
-
-@triton.jit
-def _base(offset, index, stride, ALIGN: tl.constexpr):
-    """``offset + index * stride``, stated to be a multiple of ``ALIGN``. The compiler does
-    not carry the alignment through a product with a loaded id or a runtime stride, and
-    without it every access of the state (or of q, k, v) is one element wide; the hint
-    must be on the op that computes the sum (not on an argument), hence a helper."""
-    base = offset + index * stride
-    if ALIGN > 1:
-        base = tl.multiple_of(base, ALIGN)
-    return base
 
 
 @triton.jit
@@ -117,7 +103,7 @@ def _gdn(
     # Everything the first token needs is loaded before the row's checks are known, so the
     # checks add no round trip: every address is in bounds whatever the ids (the masks),
     # and nothing is stored unless the row is clean.
-    h = tl.load(pool_ptr + _base(head, rb, block_stride, ALIGN) + h_offs,
+    h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
@@ -126,11 +112,11 @@ def _gdn(
     v_head = i_hv * v_stride_h + i_v * BV
     vt = tl.arange(0, BV)
     live = (t0 >= 0) & (t0 < num_tokens) & (n > 0)
-    q = tl.load(q_ptr + _base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
+    q = tl.load(q_ptr + aligned_base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
                 mask=kmask & live, other=0)
-    k = tl.load(k_ptr + _base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
+    k = tl.load(k_ptr + aligned_base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
                 mask=kmask & live, other=0)
-    v = tl.load(v_ptr + _base(v_head, t0, v_stride_t, V_ALIGN) + vt,
+    v = tl.load(v_ptr + aligned_base(v_head, t0, v_stride_t, V_ALIGN) + vt,
                 mask=vmask & live, other=0)
     ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
     gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
@@ -152,11 +138,11 @@ def _gdn(
             t = t0 + j
             # the next token's inputs, loaded while this one computes
             more = j + 1 < n
-            q_next = tl.load(q_ptr + _base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
+            q_next = tl.load(q_ptr + aligned_base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
                              mask=kmask & more, other=0)
-            k_next = tl.load(k_ptr + _base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
+            k_next = tl.load(k_ptr + aligned_base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
                              mask=kmask & more, other=0)
-            v_next = tl.load(v_ptr + _base(v_head, t + 1, v_stride_t, V_ALIGN) + vt,
+            v_next = tl.load(v_ptr + aligned_base(v_head, t + 1, v_stride_t, V_ALIGN) + vt,
                              mask=vmask & more, other=0)
             ga_next = tl.load(gate_a_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
             gb_next = tl.load(gate_b_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
@@ -181,7 +167,7 @@ def _gdn(
             # tokens) on spec rows, the final state to write block 0 on others
             wj = tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
             if spec | (j == n - 1):
-                tl.store(pool_ptr + _base(head, wj, block_stride, ALIGN) + h_offs,
+                tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0))
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
@@ -336,8 +322,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     bv = min(BV, next_pow2(V))
     tiles = cdiv(V, bv)
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)
-    align = pool_align({"layer_stride": scal["layer_stride"],
-                        "block_stride": math.gcd(scal["block_stride"], pool.strides[2])})
+    align = largest_align((scal["layer_stride"], scal["block_stride"], pool.strides[2]), 16)
     gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
     return LaunchPlan(
         kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,

@@ -340,10 +340,16 @@ def pool_scalars(spec: ArraySpec, layout: str = "temporal") -> dict:
     return out
 
 
-def io_align(a: ArraySpec, strides) -> int:
-    """The largest power of two of elements, up to 16 bytes, dividing ``strides``: the
-    alignment of a row of ``a`` (whose data the launchers hand over 16-byte aligned)."""
-    align = 16 // {"float32": 4, "float16": 2, "bfloat16": 2}[a.dtype]
-    while align > 1 and any(s % align for s in strides):
+def largest_align(values, cap: int) -> int:
+    """The largest power of two ``<= cap`` dividing every one of ``values``: an alignment
+    in elements that a kernel may promise the compiler for offsets built from them."""
+    align = cap
+    while align > 1 and any(v % align for v in values):
         align //= 2
     return align
+
+
+def io_align(a: ArraySpec, strides) -> int:
+    """The alignment in elements, up to 16 bytes, of a row of ``a`` reached through
+    ``strides`` (the launchers hand every array's data over 16-byte aligned)."""
+    return largest_align(strides, 16 // {"float32": 4, "float16": 2, "bfloat16": 2}[a.dtype])

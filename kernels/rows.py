@@ -113,3 +113,15 @@ def seqlens_fault(cu_ptr, num_rows, num_tokens, CHUNK: tl.constexpr):
         hi = tl.load(cu_ptr + i + 1, mask=m, other=0).to(tl.int64)
         bad = bad | (m & ((lo < 0) | (hi < lo) | (hi > num_tokens))).to(tl.int32)
     return tl.where(tl.max(bad, axis=0) > 0, BAD_CU_SEQLENS, 0)
+
+
+@triton.jit
+def aligned_base(offset, index, stride, ALIGN: tl.constexpr):
+    """``offset + index * stride``, stated to be a multiple of ``ALIGN``. The compiler does
+    not carry the alignment through a product with a loaded id or a runtime stride, and
+    without it every access of the state (or of an input row) is one element wide; the hint
+    must be on the op that computes the sum (not on an argument), hence a helper."""
+    base = offset + index * stride
+    if ALIGN > 1:
+        base = tl.multiple_of(base, ALIGN)
+    return base
