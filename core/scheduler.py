@@ -328,25 +328,37 @@ class Scheduler:
         self.waiting.appendleft(req)
 
     # -- after the forward pass ------------------------------------------------------
-    def sample(self, batch: StepBatch) -> np.ndarray:
-        """Reference sampler: int64 ``[rows]`` tokens sampled per row. Prefill rows sample 1
-        on their last chunk, 0 otherwise; decode rows accept the leading correct drafts plus
-        one token (never past the request's end)."""
+    def sample_limits(self, batch: StepBatch) -> np.ndarray:
+        """int64 ``[rows]``: the most tokens each row may sample, whatever the drafts: 0 on
+        a padding row or a prefill chunk that is not the prompt's last, 1 on the last, the
+        tokens the request has left on a decode row (what a device-side sampler needs
+        besides the logits and the drafts)."""
         out = np.zeros(batch.num_rows, np.int64)
         for b in range(batch.num_rows):
             if batch.idx_mapping[b] < 0:
                 continue
             req = self.requests[int(batch.req_ids[b])]
-            toks = batch.tokens[b]
             if not req.prefill_done:
-                out[b] = int(req.num_computed + len(toks) == req.known)
+                out[b] = int(req.num_computed + len(batch.tokens[b]) == req.known)
+            else:
+                out[b] = req.total_len - req.known
+        return out
+
+    def sample(self, batch: StepBatch) -> np.ndarray:
+        """Reference sampler: int64 ``[rows]`` tokens sampled per row. Prefill rows sample 1
+        on their last chunk, 0 otherwise; decode rows accept the leading correct drafts plus
+        one token; never more than :meth:`sample_limits`."""
+        out = self.sample_limits(batch)
+        for b in range(batch.num_rows):
+            if out[b] == 0 or not self.requests[int(batch.req_ids[b])].prefill_done:
                 continue
+            req = self.requests[int(batch.req_ids[b])]
             ok = 0
-            for j, t in enumerate(toks[1:]):
+            for j, t in enumerate(batch.tokens[b][1:]):
                 if t != req.tokens[req.known + j]:
                     break
                 ok += 1
-            out[b] = min(ok + 1, req.total_len - req.known)
+            out[b] = min(ok + 1, out[b])
         return out
 
     def update(self, batch: StepBatch, num_sampled) -> StepResult:

@@ -79,9 +79,8 @@ class StepInputs(NamedTuple):
     """One step's arrays for a runner (NumPy int32; ``is_spec`` bool). Per batch row
     (``[rows]``, padding rows at the end: slot -1, no tokens): ``added_slots`` /
     ``added_num_computed`` (the slots to seed first, -1 / 0 padded), ``idx_mapping``,
-    ``query_len``, ``is_spec`` and ``limit``, the most tokens the row may sample (0 on a
-    padding row or a prefill chunk that is not the prompt's last, 1 on the last, the
-    tokens the request has left on a decode row); ``block_table`` ``[max_num_seqs,
+    ``query_len``, ``is_spec`` and ``limit``, the most tokens the row may sample
+    (``Scheduler.sample_limits``; 0 on padding); ``block_table`` ``[max_num_seqs,
     cols]``; ``tokens`` ``[T_pad]`` (past ``cu_seqlens[-1]``: in no row, 0);
     ``cu_seqlens`` ``[rows + 1]``."""
 
@@ -121,22 +120,6 @@ def step_inputs(batch, limit: np.ndarray, rows: Optional[int] = None,
         pad(batch.is_spec, rows, False, bool), pad(limit, rows, 0),
         np.asarray(batch.block_table, np.int32), pad(tokens, t_pad, 0),
         pad(cu, rows + 1, cu[-1]))
-
-
-def sample_limits(sched: Scheduler, batch) -> np.ndarray:
-    """int ``[rows]``: the most tokens each row of ``batch`` may sample (see
-    :class:`StepInputs`), from the scheduler's view of its requests: what a device-side
-    sampler needs besides the logits and the drafts."""
-    out = np.zeros(batch.num_rows, np.int64)
-    for b, rid in enumerate(batch.req_ids):
-        if batch.idx_mapping[b] < 0:
-            continue
-        req = sched.requests[int(rid)]
-        if not req.prefill_done:
-            out[b] = int(req.num_computed + len(batch.tokens[b]) == req.known)
-        else:
-            out[b] = req.total_len - req.known
-    return out
 
 
 @dataclass
@@ -203,7 +186,7 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
         before = {int(r): (sched.requests[int(r)].num_computed, sched.requests[int(r)].prefill_done)
                   for r in batch.req_ids if r >= 0}
         ns = sched.sample(batch)
-        padded = step_inputs(batch, sample_limits(sched, batch), rows, bucket=pad)
+        padded = step_inputs(batch, sched.sample_limits(batch), rows, bucket=pad)
         full = np.zeros(len(padded.idx_mapping), np.int64)
         full[:len(ns)] = ns
         t0 = time.perf_counter()

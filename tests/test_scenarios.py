@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from hybrid_model import TINY, init_weights  # noqa: E402
-from hybrid_serving import Workload, generate, sample_limits, step_inputs  # noqa: E402
+from hybrid_serving import Workload, generate, step_inputs  # noqa: E402
 
 from mamba_align.core import Scheduler  # noqa: E402
 
@@ -117,7 +117,7 @@ def served(model, monkeypatch_module):
         before = dict(nc=req.num_computed, hit=req.hit_tokens, decode=req.prefill_done)
         ns = sched.sample(batch)
         made.clear()
-        logits, _ = step(step_inputs(batch, sample_limits(sched, batch)), lambda: ns)
+        logits, _ = step(step_inputs(batch, sched.sample_limits(batch)), lambda: ns)
         result = sched.update(batch, ns)
         bt = batch.block_table[slot]
         cols = lambda ids: {int(np.flatnonzero(bt == i)[0]) for i in ids}  # noqa: E731
