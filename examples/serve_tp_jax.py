@@ -74,6 +74,10 @@ def main() -> None:
         step = serving_step(part_cfg, w, cache, pools, 4, mesh=mesh)
         runs[caching] = serve(part_cfg, workload, outputs, step, block_size=B, num_spec=S,
                               num_blocks=NB, caching=caching, pad=True)
+        # serve reads replicated outputs from one device only; wait for every shard, or the
+        # other device may still run a host callback (the interpreter) when Python exits,
+        # which aborts the process ("terminate called without an active exception")
+        jax.block_until_ready(step.carry)
         if mj.errors(step.carry["state"]):
             raise SystemExit(f"faults: {mj.errors(step.carry['state'])}")
     on, off = runs[True], runs[False]
