@@ -50,7 +50,8 @@ gpu-setup:
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
 
 gpu-test: gpu-setup
-	set -o pipefail; python3 -m pytest -q -p no:cacheprovider tests $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
+	set -o pipefail; EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider tests \
+	  $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
 
 FUZZ_GPU ?= 5000
 gpu-fuzz: gpu-setup

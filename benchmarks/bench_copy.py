@@ -160,21 +160,23 @@ def pick_rows(batch: int, num_blocks: int, gen: torch.Generator, device: torch.d
     return ids[:batch].contiguous(), ids[batch:].contiguous()
 
 
-def check_ours(temporal: torch.Tensor, conv: torch.Tensor, src: torch.Tensor,
-               dst: torch.Tensor, bias: torch.Tensor) -> None:
+def check_ours(temporal: torch.Tensor, conv: torch.Tensor, errors: torch.Tensor,
+               src: torch.Tensor, dst: torch.Tensor, bias: torch.Tensor) -> None:
     """One launch of each of our copies; compare bit patterns with the saved sources."""
     saved = bits(temporal[:, src])  # advanced indexing returns a copy
-    tops.copy_temporal_(temporal, src, dst)
+    tops.copy_temporal_(temporal, errors, src, dst)
     if not torch.equal(bits(temporal[:, dst]), saved):
         raise SystemExit(f"copy_temporal_ is WRONG for B={src.numel()}: "
                          "pool[:, dst] != pool[:, src]")
     del saved
     w = conv.shape[2]
     saved = bits(conv[:, src, 1:])
-    tops.copy_conv_(conv, src, dst, bias, layout="SD")
+    tops.copy_conv_(conv, errors, src, dst, bias, layout="SD")
     if not torch.equal(bits(conv[:, dst, : w - 1]), saved):
         raise SystemExit(f"copy_conv_ is WRONG for B={src.numel()}: pool[:, dst, :W-1] != "
                          "pool[:, src, 1:]")
+    if errors[0].item():
+        raise SystemExit(f"our copies flagged good ids as faults: {errors.tolist()}")
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -202,13 +204,14 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     print(f"pools: temporal {list(temporal.shape)} {temporal.numel() * t_dtype.itemsize / GIB:.1f}"
           f" GiB, conv {list(conv.shape)} {conv.numel() * c_dtype.itemsize / GIB:.2f} GiB")
 
+    errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=device)  # the error flag
     records: List[Dict[str, Any]] = []
     ids: Dict[int, tuple] = {}  # batch -> (src, dst) on the host, reused by the JAX section
     for b in batches:
         src, dst = pick_rows(b, nb, gen, device)
         ids[b] = (src.cpu().numpy(), dst.cpu().numpy())
         bias = torch.ones_like(src)
-        check_ours(temporal, conv, src, dst, bias)
+        check_ours(temporal, conv, errors, src, dst, bias)
         free(cuda)
         tb, cb = 2 * b * L * t_bytes, 2 * b * L * c_moved
 
@@ -220,10 +223,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
         # ours: the path StateRunner takes (the plain launcher; torch.ops under compile)
         def ours_temporal() -> None:
-            tops.copy_temporal_(temporal, src, dst)
+            tops.copy_temporal_(temporal, errors, src, dst)
 
         def ours_conv() -> None:
-            tops.copy_conv_(conv, src, dst, bias, layout="SD")
+            tops.copy_conv_(conv, errors, src, dst, bias, layout="SD")
 
         def pre_copy() -> None:
             ours_temporal()
@@ -246,13 +249,13 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                 show(records[-1])
         # a decode step in which no row crosses: the launch runs, every row copies nothing
         none = torch.full_like(src, -1)
-        ms = bench_ms(lambda: tops.copy_temporal_(temporal, none, dst), cuda, graph=cuda)
+        ms = bench_ms(lambda: tops.copy_temporal_(temporal, errors, none, dst), cuda, graph=cuda)
         records.append(record("ours_no_copy", "temporal", b, L, 0, ms, "graph" if cuda else "eager"))
         show(records[-1])
         if b > FEW:  # a decode step in which a few of the B rows cross a block boundary
             few = none.clone()
             few[:FEW] = src[:FEW]
-            ms = bench_ms(lambda: tops.copy_temporal_(temporal, few, dst), cuda, graph=cuda)
+            ms = bench_ms(lambda: tops.copy_temporal_(temporal, errors, few, dst), cuda, graph=cuda)
             records.append(record(f"ours_{FEW}_rows_copy", "temporal", b, L, 2 * FEW * L * t_bytes,
                                   ms, "graph" if cuda else "eager"))
             show(records[-1])
@@ -322,9 +325,10 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     same_t = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d]), saved))
     saved_c = jax.jit(lambda p, s: bitcast(p[:, s, 1:]))
     same_c = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d, : w - 1]), saved))
-    ours_t = jit_d(lambda p, s, d: jops.copy_temporal(p, s, d)["pool"])
+    clear = jnp.array([0, 2**31 - 1], jnp.int32)  # the error flag (clear: the ids are good)
+    ours_t = jit_d(lambda p, s, d: jops.copy_temporal(p, clear, s, d)["pool"])
     xla_t = jit_d(lambda p, s, d: p.at[:, d].set(p[:, s]))
-    ours_c = jit_d(lambda p, s, d, b: jops.copy_conv(p, s, d, b, layout="SD")["pool"])
+    ours_c = jit_d(lambda p, s, d, b: jops.copy_conv(p, clear, s, d, b, layout="SD")["pool"])
     xla_c = jit_d(lambda p, s, d: p.at[:, d, : w - 1].set(p[:, s, 1:]))
 
     pools = {"temporal": jnp.zeros((L, nb, *args.temporal_block), jnp.float32),

@@ -271,8 +271,8 @@ def step_rows(s, dev, gen, rec) -> None:
                                     c.is_spec, layer=layer, layout="DS")
 
         def pre_copy():
-            tops.copy_temporal_(c.pool, c.rb, c.wb)
-            tops.copy_conv_(c.cpool, c.rb, c.wb, zero, layout="DS")
+            tops.copy_temporal_(c.pool, c.errors, c.rb, c.wb)
+            tops.copy_conv_(c.cpool, c.errors, c.rb, c.wb, zero, layout="DS")
             kernels(c.wb)
 
         n = L * (state_bytes(s, B, 1) + conv_bytes(s, B, s["KC"] - 1))

@@ -26,6 +26,7 @@ from .copy_ref import (
     apply_conv_copy,
     apply_copy,
     apply_temporal_copy,
+    copy_faults,
     copy_plan,
     postprocess_copy_plan,
     precopy_plan,

@@ -14,13 +14,14 @@ A row whose source is negative does nothing. This is the oracle the copy kernels
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
 from .bookkeeping import PostprocessPlan, PreprocessPlan
 from .checks import bool_array, index_array, instance
 from .config import CacheConfig, ConvSpec
+from .faults import Fault
 from .resolve import gather_columns
 
 
@@ -82,6 +83,24 @@ def postprocess_copy_plan(block_table, idx_mapping, plan: PostprocessPlan) -> Co
     copy = bool_array("plan.copy", plan.copy, rows)
     src = np.where(copy, index_array("plan.run_col", plan.run_col, shape=(rows,)), -1)
     return copy_plan(block_table, idx_mapping, src, plan.dest, plan.bias)
+
+
+def copy_faults(src, dst, num_blocks: int, bias=None, width: Optional[int] = None) -> np.ndarray:
+    """The rows a copy kernel does not trust (int64 ``[rows]``: ``Fault.BAD_COPY`` or 0),
+    the non-raising reference of the copy ops on physical ids: a source or destination
+    block below -1 or ``>= num_blocks``, or (conv copies: ``bias`` and the window
+    ``width`` given) valid ids with a bias outside ``[0, width)``. Such a row copies
+    nothing."""
+    src, dst = (np.asarray(x, np.int64).reshape(-1) for x in (src, dst))
+    if src.shape != dst.shape:
+        raise ValueError(f"src and dst must have one length, got {src.shape} and {dst.shape}")
+    bad = (src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks)
+    if bias is not None:
+        if width is None:
+            raise ValueError("a conv copy's faults need the window width")
+        b = np.asarray(bias, np.int64).reshape(-1)
+        bad |= (src >= 0) & (dst >= 0) & ~bad & ((b < 0) | (b >= width))
+    return np.where(bad, int(Fault.BAD_COPY), 0).astype(np.int64)
 
 
 def _check_disjoint(plan: CopyPlan, src: np.ndarray) -> None:

@@ -48,6 +48,7 @@ class Fault(enum.IntFlag):
     STEP_ORDER = 1 << 11
     BAD_OFFSET = 1 << 12
     BAD_CU_SEQLENS = 1 << 13
+    BAD_COPY = 1 << 14
 
 
 MESSAGES = {
@@ -74,6 +75,8 @@ MESSAGES = {
     Fault.BAD_OFFSET: "a conv read offset (conv_read_bias) outside [0, W - K + 1]: the history "
                       "would run past the block",
     Fault.BAD_CU_SEQLENS: "cu_seqlens must be non-decreasing and within [0, T_total]",
+    Fault.BAD_COPY: "a copy names a physical block outside [0, NB) other than -1 (no copy), "
+                    "or a conv copy's bias outside [0, W)",
 }
 
 

@@ -1,7 +1,9 @@
 """State-block copy kernels (docs/semantics.md §2 ``copy_block``), shared by the pre-copy
 and the post-process: both produce a physical copy plan per batch row (``copy_tsrc``,
 ``copy_csrc``, ``copy_dst``, ``copy_bias``; -1 source = no copy) and launch these kernels
-on it, one launch per pool (:func:`pool_copies`).
+on it, one launch per pool (:func:`pool_copies`). A row whose ids cannot be trusted copies
+nothing and ORs ``BAD_COPY`` into the error flag (kernels/rows.py); the reference of which
+rows those are is :func:`mamba_align.core.copy_ref.copy_faults`.
 
 Pools are ``[L, NB, *block]`` with explicit layer and block strides (in elements) and a
 contiguous inner block. The plans have the backends view pools as same-width integers, so
@@ -16,13 +18,16 @@ from typing import Any, Iterator, Mapping, Tuple
 import triton
 import triton.language as tl
 
+from .bookkeeping import check_errors
 from .plan import (MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
                    check_pool, dtype_bits, largest_align, next_pow2, pool_scalars)
+from .rows import BAD_COPY, flag, flag_row
 
 
 @triton.jit
 def copy_temporal_kernel(
     pool_in_ptr,  # aliased with pool_ptr; read and written through pool_ptr
+    errors_in_ptr,  # aliased with errors_ptr
     src_ptr,  # [rows] physical source block (the accepted candidate), -1 = no copy
     dst_ptr,  # [rows] physical destination block
     num_rows,
@@ -31,6 +36,7 @@ def copy_temporal_kernel(
     block_numel,
     num_blocks,
     pool_ptr,
+    errors_ptr,
     TILE: tl.constexpr,
     ROWS_PER_PROGRAM: tl.constexpr,
     ALIGN: tl.constexpr,
@@ -46,8 +52,10 @@ def copy_temporal_kernel(
     in_batch = rows < num_rows
     src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
     dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
-    ok = in_batch & (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
-    ok = ok & (src != dst)
+    bad = in_batch & ((src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks))
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):  # one program per row group flags
+        flag(errors_ptr, rows, tl.where(bad, BAD_COPY, 0))
+    ok = in_batch & (src >= 0) & (dst >= 0) & ~bad & (src != dst)
     NONE: tl.constexpr = 1 << 62
     todo = tl.where(ok, rows, NONE)
     offs = tile * TILE + tl.arange(0, TILE)
@@ -71,6 +79,7 @@ def copy_temporal_kernel(
 @triton.jit
 def copy_conv_kernel(
     pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,  # aliased with errors_ptr
     src_ptr,  # [rows] physical source block, -1 = no copy
     dst_ptr,  # [rows] physical destination block
     bias_ptr,  # [rows] the accepted-token bias: rows dropped from the front
@@ -81,6 +90,7 @@ def copy_conv_kernel(
     dim,  # D
     num_blocks,
     pool_ptr,
+    errors_ptr,
     W_PAD: tl.constexpr,
     TILE_D: tl.constexpr,
     TILES_PER_PROGRAM: tl.constexpr,
@@ -97,9 +107,12 @@ def copy_conv_kernel(
     src = tl.load(src_ptr + row).to(tl.int64)
     dst = tl.load(dst_ptr + row).to(tl.int64)
     bias = tl.load(bias_ptr + row).to(tl.int64)
-    ok = (src >= 0) & (dst >= 0) & (src < num_blocks) & (dst < num_blocks)
-    ok = ok & (bias >= 0) & (bias < width) & ((src != dst) | (bias != 0))
-    if ok:
+    bad = (src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks)
+    copies = (src >= 0) & (dst >= 0) & ~bad
+    bad = bad | (copies & ((bias < 0) | (bias >= width)))
+    if (layer == 0) & (tl.program_id(1) == 0):  # one program per row flags
+        flag_row(errors_ptr, row, tl.where(bad, BAD_COPY, 0))
+    if copies & ~bad & ((src != dst) | (bias != 0)):
         src_base = layer * layer_stride + src * block_stride
         dst_base = layer * layer_stride + dst * block_stride
         if ALIGN > 1:  # see plan_copy_conv
@@ -214,19 +227,21 @@ def _copy_rows(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, *more: Tuple[str
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def plan_copy_temporal(pool: ArraySpec, src: ArraySpec, dst: ArraySpec) -> LaunchPlan:
+def plan_copy_temporal(pool: ArraySpec, errors: ArraySpec, src: ArraySpec,
+                       dst: ArraySpec) -> LaunchPlan:
     check_pool("pool", pool, pool.shape[2:])
+    check_errors(errors)
     rows = _copy_rows(pool, src, dst)
     scal = pool_scalars(pool)
     t = temporal_tiling(rows, scal["num_layers"], scal["block_numel"],
                         dtype_bits(pool.dtype) // 8, pool_align(scal))
     return LaunchPlan(
         kernel=copy_temporal_kernel,
-        inputs=("pool", "src", "dst"),
+        inputs=("pool", "errors", "src", "dst"),
         scalars=(("num_rows", rows),) + tuple(
             (n, scal[n]) for n in ("layer_stride", "block_stride", "block_numel", "num_blocks")),
-        outputs=("pool",),
-        aliases={"pool": "pool"},
+        outputs=("pool", "errors"),
+        aliases={"pool": "pool", "errors": "errors"},
         views={"pool": bits_dtype(pool.dtype)},
         skip=rows == 0 or pool.numel == 0,
         **t,
@@ -234,9 +249,10 @@ def plan_copy_temporal(pool: ArraySpec, src: ArraySpec, dst: ArraySpec) -> Launc
 
 
 @functools.lru_cache(maxsize=256, typed=True)
-def plan_copy_conv(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, bias: ArraySpec, *,
-                   layout: str) -> LaunchPlan:
+def plan_copy_conv(pool: ArraySpec, errors: ArraySpec, src: ArraySpec, dst: ArraySpec,
+                   bias: ArraySpec, *, layout: str) -> LaunchPlan:
     check_layout(layout)
+    check_errors(errors)
     if pool.ndim != 4:
         raise ValueError(f"pool must be [L, NB, W, D] (SD) or [L, NB, D, W] (DS), got "
                          f"{list(pool.shape)}")
@@ -247,11 +263,11 @@ def plan_copy_conv(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, bias: ArrayS
                     dtype_bits(pool.dtype) // 8, layout, pool_align(scal, layout))
     return LaunchPlan(
         kernel=copy_conv_kernel,
-        inputs=("pool", "src", "dst", "bias"),
+        inputs=("pool", "errors", "src", "dst", "bias"),
         scalars=tuple((n, scal[n]) for n in ("num_layers", "layer_stride", "block_stride",
                                              "width", "dim", "num_blocks")),
-        outputs=("pool",),
-        aliases={"pool": "pool"},
+        outputs=("pool", "errors"),
+        aliases={"pool": "pool", "errors": "errors"},
         views={"pool": bits_dtype(pool.dtype)},
         skip=rows == 0 or pool.numel == 0,
         **t,
@@ -260,29 +276,34 @@ def plan_copy_conv(pool: ArraySpec, src: ArraySpec, dst: ArraySpec, bias: ArrayS
 
 COPY_TEMPORAL = Op(
     name="copy_temporal",
-    arrays=("pool", "src", "dst"),
+    arrays=("pool", "errors", "src", "dst"),
     statics=(),
     plan=plan_copy_temporal,
-    mutates=("pool",),
+    mutates=("pool", "errors"),
     returns=(),
     doc="""For every row with valid ``src`` and ``dst`` (``0 <= id < NB``, not the same
     block): ``pool[:, dst] = pool[:, src]``, a bit copy; other rows copy nothing. ``pool``
     is ``[L, NB, ...]`` (a float or int dtype, contiguous inner block), updated in place;
-    ``src`` / ``dst`` int ``[rows]`` physical block ids.""",
+    ``src`` / ``dst`` int ``[rows]`` physical block ids, -1 = no copy. A row with an id
+    below -1 or ``>= NB`` copies nothing and ORs ``BAD_COPY`` into ``errors`` (int32 ``[2]``,
+    in place). Rows must not write a block another row reads or writes (not checked: they
+    run in parallel).""",
 )
 
 COPY_CONV = Op(
     name="copy_conv",
-    arrays=("pool", "src", "dst", "bias"),
+    arrays=("pool", "errors", "src", "dst", "bias"),
     statics=(Static("layout", str),),
     plan=plan_copy_conv,
-    mutates=("pool",),
+    mutates=("pool", "errors"),
     returns=(),
     doc="""For every row with valid ids and ``0 <= bias < W`` (and not a same-block copy
     with no bias): the conv window of block ``src`` shifted left by ``bias`` rows into block
     ``dst`` (memmove-safe when ``src == dst``); other rows copy nothing. ``pool`` is
     ``[L, NB, W, D]`` (``layout="SD"``) or ``[L, NB, D, W]`` (``"DS"``), updated in place;
-    ``src`` / ``dst`` / ``bias`` int ``[rows]``.""",
+    ``src`` / ``dst`` / ``bias`` int ``[rows]``, -1 = no copy. A row with an id below -1 or
+    ``>= NB``, or with valid ids and a bias outside ``[0, W)``, copies nothing and ORs
+    ``BAD_COPY`` into ``errors`` (int32 ``[2]``, in place).""",
 )
 
 
@@ -291,8 +312,9 @@ def pool_copies(kinds: Mapping[str, str], pools: Mapping[str, Any],
     """How a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``) reaches each pool: ``kinds`` is ``CacheConfig.copy_kinds()``
     (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name). Yields, per pool, its name, the op
-    to launch, the op's arrays and its static options. Both backends apply a copy plan
-    through this."""
+    to launch, the op's arrays but ``errors`` (the backend adds its error flag: a
+    functional one threads the updated flag from one launch to the next) and its static
+    options. Both backends apply a copy plan through this."""
     for name, kind in kinds.items():
         if kind == "temporal":
             yield name, COPY_TEMPORAL, {"pool": pools[name], "src": copy_plan["copy_tsrc"],

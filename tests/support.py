@@ -23,6 +23,7 @@ from mamba_align.core import (
     add_requests,
     apply_conv_copy,
     apply_temporal_copy,
+    copy_faults,
     postprocess,
     postprocess_copy_plan,
     precopy_plan,
@@ -75,6 +76,7 @@ class Backend:
     def postprocess(self, state, idx, q, is_spec, num_sampled, bt, block_size,
                     num_spec, num_blocks=None) -> Tuple[SlotState, Dict[str, np.ndarray]]: ...
 
+    # copies -> (new pool, error flag [bits, lowest faulty row])
     def copy_temporal(self, pool, src, dst): ...
 
     def copy_conv(self, pool, src, dst, bias, layout): ...
@@ -118,14 +120,18 @@ class Reference(Backend):
         return new, out
 
     def copy_temporal(self, pool, src, dst):
-        out = pool.copy()
+        out, fault = pool.copy(), copy_faults(src, dst, pool.shape[1])
+        src = np.where(fault == 0, src, -1)  # the core raises; the kernels skip such rows
         apply_temporal_copy(out, copy_plan(src, src, dst, np.zeros(len(src))))
-        return out
+        return out, flag_of(fault).astype(np.int64)
 
     def copy_conv(self, pool, src, dst, bias, layout):
-        out = pool.copy()
-        apply_conv_copy(out, copy_plan(src, src, dst, bias), layout)
-        return out
+        width = pool.shape[2 if layout == "SD" else 3]
+        out, fault = pool.copy(), copy_faults(src, dst, pool.shape[1], bias, width)
+        ok = fault == 0
+        apply_conv_copy(out, copy_plan(src, np.where(ok, src, -1), dst, np.where(ok, bias, 0)),
+                        layout)
+        return out, flag_of(fault).astype(np.int64)
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):
@@ -216,14 +222,15 @@ class Torch(Backend):
         return self._back(st), {n: self.host(v).astype(np.int64) for n, v in out.items()}
 
     def copy_temporal(self, pool, src, dst):
-        t = self.pool(pool)
-        self.ops.copy_temporal_(t, self.ids(src), self.ids(dst))
-        return self.host(t)
+        t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
+        self.ops.copy_temporal_(t, errors, self.ids(src), self.ids(dst))
+        return self.host(t), self.host(errors).astype(np.int64)
 
     def copy_conv(self, pool, src, dst, bias, layout):
-        t = self.pool(pool)
-        self.ops.copy_conv_(t, self.ids(src), self.ids(dst), self.ids(bias), layout=layout)
-        return self.host(t)
+        t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
+        self.ops.copy_conv_(t, errors, self.ids(src), self.ids(dst), self.ids(bias),
+                            layout=layout)
+        return self.host(t), self.host(errors).astype(np.int64)
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):
@@ -248,7 +255,9 @@ class Torch(Backend):
 
     def copy_pools(self, pools, kinds, plan):
         t = {n: self.pool(p) for n, p in pools.items()}
-        self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()})
+        errors = self.torch.from_numpy(new_errors()).to(self.device)
+        self.ops.copy_pools_(t, kinds, {n: self.ids(v) for n, v in plan.items()}, errors)
+        assert int(errors[0]) == 0, "a step's copy plan names only trusted blocks"
         return {n: self.host(p) for n, p in t.items()}
 
 
@@ -308,13 +317,14 @@ class Jax(Backend):
         return self._split(out)
 
     def copy_temporal(self, pool, src, dst):
-        return np.asarray(self.ops.copy_temporal(self.jnp.asarray(pool), self.ids(src),
-                                                 self.ids(dst))["pool"])
+        out = self.ops.copy_temporal(self.jnp.asarray(pool), self.jnp.asarray(new_errors()),
+                                     self.ids(src), self.ids(dst))
+        return np.asarray(out["pool"]), np.asarray(out["errors"]).astype(np.int64)
 
     def copy_conv(self, pool, src, dst, bias, layout):
-        return np.asarray(self.ops.copy_conv(self.jnp.asarray(pool), self.ids(src),
-                                             self.ids(dst), self.ids(bias),
-                                             layout=layout)["pool"])
+        out = self.ops.copy_conv(self.jnp.asarray(pool), self.jnp.asarray(new_errors()),
+                                 self.ids(src), self.ids(dst), self.ids(bias), layout=layout)
+        return np.asarray(out["pool"]), np.asarray(out["errors"]).astype(np.int64)
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):
@@ -340,8 +350,10 @@ class Jax(Backend):
         return np.asarray(getattr(self.ops, op)(*map(self.jnp.asarray, arrays), **statics)["y"])
 
     def copy_pools(self, pools, kinds, plan):
-        out = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()}, kinds,
-                                  {n: self.ids(v) for n, v in plan.items()})
+        out, errors = self.ops.copy_pools({n: self.jnp.asarray(p) for n, p in pools.items()},
+                                          kinds, {n: self.ids(v) for n, v in plan.items()},
+                                          self.jnp.asarray(new_errors()))
+        assert int(errors[0]) == 0, "a step's copy plan names only trusted blocks"
         return {n: np.asarray(p) for n, p in out.items()}
 
 

@@ -37,6 +37,11 @@ class Args:
         a = np.ones(n, dtype)
         return torch.as_tensor(a, device=DEV) if self.name == "torch" else jnp.asarray(a)
 
+    def err(self):
+        """A clear error flag."""
+        a = np.array([0, 2**31 - 1], np.int32)
+        return torch.as_tensor(a, device=DEV) if self.name == "torch" else jnp.asarray(a)
+
     def op(self, name):
         # every op updates something in place: torch names it with a trailing underscore
         return getattr(tops, name + "_") if self.name == "torch" else getattr(mj.ops, name)
@@ -49,9 +54,7 @@ def a(request):
 
 def slots4(a):
     """Four slots' bookkeeping and a clear error flag."""
-    errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=DEV) if a.name == "torch" \
-        else jnp.array([0, 2**31 - 1], jnp.int32)
-    return a.ids(0, 0, 0, 0), a.ids(1, 1, 1, 1), a.ids(0, 0, 0, 0), errors
+    return a.ids(0, 0, 0, 0), a.ids(1, 1, 1, 1), a.ids(0, 0, 0, 0), a.err()
 
 
 BT = np.arange(1, 17).reshape(4, 4)
@@ -69,26 +72,28 @@ def step(a, **change):
 
 CASES = [
     # copies
-    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.f32(1), a.ids(2)), {}), TypeError,
-     "src must have dtype"),
-    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1, 2), a.ids(3)), {}), ValueError,
-     "dst must have shape"),
-    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1, shape=(1, 1)), a.ids(3)), {}),
-     ValueError, "src must have shape"),
-    ("copy_temporal", lambda a: ((a.flags(48).reshape(2, 6, 4), a.ids(1), a.ids(3)), {}),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.f32(1), a.ids(2)), {}),
+     TypeError, "src must have dtype"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1, 2), a.ids(3)), {}),
+     ValueError, "dst must have shape"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1, shape=(1, 1)),
+                                  a.ids(3)), {}), ValueError, "src must have shape"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.f32(2), a.ids(1), a.ids(3)), {}),
+     TypeError, "errors must have dtype"),
+    ("copy_temporal", lambda a: ((a.flags(48).reshape(2, 6, 4), a.err(), a.ids(1), a.ids(3)), {}),
      TypeError, "unsupported dtype bool"),
-    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0)),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2), a.ids(0)),
                              {"layout": "XY"}), ValueError, "layout"),
-    ("copy_conv", lambda a: ((a.f32(6, 3, 4), a.ids(1), a.ids(2), a.ids(0)), {"layout": "SD"}),
-     ValueError, "pool must be"),
-    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0, 1)),
+    ("copy_conv", lambda a: ((a.f32(6, 3, 4), a.err(), a.ids(1), a.ids(2), a.ids(0)),
+                             {"layout": "SD"}), ValueError, "pool must be"),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2), a.ids(0, 1)),
                              {"layout": "SD"}), ValueError, "bias must have shape"),
-    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.flags(1)),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2), a.flags(1)),
                              {"layout": "SD"}), TypeError, "bias must have dtype"),
-    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2), a.ids(0)), {}),
+    ("copy_conv", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2), a.ids(0)), {}),
      TypeError, "missing the keyword option 'layout'"),
-    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.ids(1), a.ids(2)), {"layout": "SD"}),
-     TypeError, "unexpected options"),
+    ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2)),
+                                 {"layout": "SD"}), TypeError, "unexpected options"),
     # bookkeeping
     ("add_requests", lambda a: ((*slots4(a), a.ids(0), a.ids(1)), {"block_size": 0}),
      ValueError, "block_size"),
@@ -137,16 +142,16 @@ def test_torch_strides_are_checked():
     pool = torch.zeros(2, 6, 3, 4, device=DEV)
     i64 = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
     with pytest.raises(ValueError, match="contiguous"):
-        tops.copy_temporal_(pool, i64(1, 2, 3, 4)[::2], i64(3, 4))
+        tops.copy_temporal_(pool, Args("torch").err(), i64(1, 2, 3, 4)[::2], i64(3, 4))
     with pytest.raises(ValueError, match="inner block"):
-        tops.copy_temporal_(pool.transpose(2, 3), i64(1), i64(2))
+        tops.copy_temporal_(pool.transpose(2, 3), Args("torch").err(), i64(1), i64(2))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device kind")
 def test_torch_arrays_on_mixed_devices_are_rejected():
     pool = torch.zeros(2, 6, 3, 4, device=DEV)
     with pytest.raises(ValueError, match="is on cpu, expected cuda"):
-        tops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
+        tops.copy_temporal_(pool, Args("torch").err(), torch.tensor([1]), torch.tensor([2]))
 
 
 # -- the runners: pools against the config, the same rule in both ---------------------------
@@ -265,7 +270,8 @@ def test_jax_bridge_scalars_are_python_numbers():
 
 def test_jax_checks_are_static_under_jit():
     # the checks read shapes and dtypes only, so they run (and raise) at trace time
-    bad = jax.jit(lambda s: mj.ops.copy_temporal(jnp.zeros((1, 4, 2)), s, jnp.zeros(2, jnp.int32)))
+    bad = jax.jit(lambda s: mj.ops.copy_temporal(jnp.zeros((1, 4, 2)), Args("jax").err(), s,
+                                                 jnp.zeros(2, jnp.int32)))
     with pytest.raises(ValueError, match="dst must have shape"):
         bad(jnp.zeros(1, jnp.int32))
 
@@ -287,11 +293,12 @@ def test_jax_int64_state_without_x64_is_refused_clearly():
 def test_jax_gradients_through_the_ops_raise():
     pool = jnp.ones((1, 4, 2, 2))
     src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)
+    err = Args("jax").err()
     with pytest.raises(TypeError, match="copy_temporal is not differentiable"):
-        jax.grad(lambda p: mj.ops.copy_temporal(p, src, dst)["pool"].sum())(pool)
+        jax.grad(lambda p: mj.ops.copy_temporal(p, err, src, dst)["pool"].sum())(pool)
     with pytest.raises(TypeError, match="copy_temporal is not differentiable"):
-        jax.jit(jax.grad(lambda p: mj.ops.copy_temporal(p, src, dst)["pool"].sum()))(pool)
+        jax.jit(jax.grad(lambda p: mj.ops.copy_temporal(p, err, src, dst)["pool"].sum()))(pool)
     # stopped gradients pass: the op sees a constant
-    g = jax.grad(lambda p: (p + mj.ops.copy_temporal(jax.lax.stop_gradient(p), src, dst)["pool"])
-                 .sum())(pool)
+    g = jax.grad(lambda p: (p + mj.ops.copy_temporal(jax.lax.stop_gradient(p), err, src,
+                                                     dst)["pool"]).sum())(pool)
     assert np.asarray(g).tolist() == np.ones((1, 4, 2, 2)).tolist()

@@ -35,21 +35,24 @@ def accesses(plan, sig, divisible):
                          options={"num_warps": plan.num_warps}).asm["ptx"]
     return dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
 
-ptrs = ["pool_in_ptr", "src_ptr", "dst_ptr", "bias_ptr", "pool_ptr"]
+ptrs = ["pool_in_ptr", "errors_in_ptr", "src_ptr", "dst_ptr", "bias_ptr", "pool_ptr",
+        "errors_ptr"]
 out = {}
-ids = K.ArraySpec.row_major((8,), "int32")
-plan = K.plan_copy_temporal(K.ArraySpec.row_major((4, 9, 32, 128, 128), "float32"), ids, ids)
-sig = {"pool_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32", "num_rows": "i32",
-       "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
-       "num_blocks": "i32", "pool_ptr": "*i32"}
+ids, flag = K.ArraySpec.row_major((8,), "int32"), K.ArraySpec.row_major((2,), "int32")
+plan = K.plan_copy_temporal(K.ArraySpec.row_major((4, 9, 32, 128, 128), "float32"), flag, ids,
+                            ids)
+sig = {"pool_in_ptr": "*i32", "errors_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32",
+       "num_rows": "i32", "layer_stride": "i32", "block_stride": "i32", "block_numel": "i32",
+       "num_blocks": "i32", "pool_ptr": "*i32", "errors_ptr": "*i32"}
 ints = ["layer_stride", "block_stride", "block_numel"]
-out["temporal"] = [accesses(plan, sig, ptrs[:3] + ptrs[4:]),
-                   accesses(plan, sig, ptrs[:3] + ptrs[4:] + ints)]
-plan = K.plan_copy_conv(K.ArraySpec.row_major((4, 9, 3, 8192), "bfloat16"), ids, ids, ids,
+no_bias = [p for p in ptrs if p != "bias_ptr"]
+out["temporal"] = [accesses(plan, sig, no_bias), accesses(plan, sig, no_bias + ints)]
+plan = K.plan_copy_conv(K.ArraySpec.row_major((4, 9, 3, 8192), "bfloat16"), flag, ids, ids, ids,
                         layout="SD")
-sig = {"pool_in_ptr": "*i16", "src_ptr": "*i32", "dst_ptr": "*i32", "bias_ptr": "*i32",
-       "num_layers": "i32", "layer_stride": "i32", "block_stride": "i32", "width": "i32",
-       "dim": "i32", "num_blocks": "i32", "pool_ptr": "*i16"}
+sig = {"pool_in_ptr": "*i16", "errors_in_ptr": "*i32", "src_ptr": "*i32", "dst_ptr": "*i32",
+       "bias_ptr": "*i32", "num_layers": "i32", "layer_stride": "i32", "block_stride": "i32",
+       "width": "i32", "dim": "i32", "num_blocks": "i32", "pool_ptr": "*i16",
+       "errors_ptr": "*i32"}
 ints = ["layer_stride", "block_stride", "dim"]
 out["conv"] = [accesses(plan, sig, ptrs), accesses(plan, sig, ptrs + ints)]
 print(json.dumps(out))

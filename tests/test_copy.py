@@ -16,7 +16,8 @@ from copy_oracles import (copy_plan, loop_conv, loop_temporal, random_copy_plan,
                           same_bytes)
 
 from mamba_align import kernels as K
-from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec, apply_copy, apply_temporal_copy
+from mamba_align.core import (CacheConfig, ConvSpec, Fault, TemporalSpec, apply_copy,
+                               apply_temporal_copy, copy_faults, new_errors)
 from mamba_align.kernels import copy as kc
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
@@ -31,8 +32,8 @@ def test_temporal_copy_is_byte_exact(backend, rows, dtype, block):
     nb = 2 * rows + 3
     pool = random_pool(rng, (3, nb) + block, dtype)
     p = random_copy_plan(rng, rows, nb, 0)
-    got = backend.copy_temporal(pool, p.tsrc, p.dst)
-    assert same_bytes(got, loop_temporal(pool, p))
+    got, errors = backend.copy_temporal(pool, p.tsrc, p.dst)
+    assert same_bytes(got, loop_temporal(pool, p)) and errors[0] == 0
 
 
 @pytest.mark.parametrize("rows", [1, 4, 16])
@@ -45,15 +46,15 @@ def test_conv_copy_is_byte_exact(backend, rows, layout, dtype, S, D):
     nb, W = 2 * rows + 3, 4 - 1 + S
     pool = random_pool(rng, (2, nb, W, D) if layout == "SD" else (2, nb, D, W), dtype)
     p = random_copy_plan(rng, rows, nb, S)
-    got = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
-    assert same_bytes(got, loop_conv(pool, p, layout))
+    got, errors = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
+    assert same_bytes(got, loop_conv(pool, p, layout)) and errors[0] == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_temporal_copy_leaves_other_blocks_alone(backend, dtype):
     rng = np.random.default_rng(0)
     pool = random_pool(rng, (3, 9, 2, 4, 4), dtype)
-    got = backend.copy_temporal(pool, [5, -1, 2, 7], [1, 8, 2, 3])
+    got, _ = backend.copy_temporal(pool, [5, -1, 2, 7], [1, 8, 2, 3])
     assert same_bytes(got[:, 1], pool[:, 5]) and same_bytes(got[:, 3], pool[:, 7])
     untouched = [b for b in range(9) if b not in (1, 3)]  # 2: a self-copy; 8: source -1
     assert same_bytes(got[:, untouched], pool[:, untouched])
@@ -61,7 +62,7 @@ def test_temporal_copy_leaves_other_blocks_alone(backend, dtype):
 
 def test_conv_in_place_shift_is_memmove(backend):
     pool = np.arange(2 * 3 * 6 * 1, dtype=np.float32).reshape(2, 3, 6, 1)
-    got = backend.copy_conv(pool, [1], [1], [2], "SD")
+    got, _ = backend.copy_conv(pool, [1], [1], [2], "SD")
     # rows 0..3 take rows 2..5 as they were; rows 4, 5 stay as they were
     assert np.array_equal(got[:, 1, :4], pool[:, 1, 2:])
     assert np.array_equal(got[:, 1, 4:], pool[:, 1, 4:])
@@ -79,8 +80,8 @@ def test_random_plans_match_the_elementwise_reading(backend):
         w = k - 1 + s
         p = random_copy_plan(rng, data.draw(st.integers(1, (nb - 1) // 2)), nb, s)
         pool = random_pool(rng, (2, nb, w, 3) if layout == "SD" else (2, nb, 3, w), np.float32)
-        got = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
-        assert same_bytes(got, loop_conv(pool, p, layout))
+        got, errors = backend.copy_conv(pool, p.csrc, p.dst, p.bias, layout)
+        assert same_bytes(got, loop_conv(pool, p, layout)) and errors[0] == 0
 
     run()
 
@@ -114,19 +115,30 @@ def test_the_reference_rejects_rows_that_race():
         apply_temporal_copy(pool, copy_plan([1, 3], [1, 3], [3, 4], [0, 0]))
 
 
-# -- the kernels: ids the core rejects are skipped, empty launches do nothing ------------
-def test_out_of_range_block_ids_and_biases_copy_nothing(device_backend):
+# -- ids the core rejects: skipped and flagged; empty launches do nothing ------------------
+def test_out_of_range_block_ids_and_biases_copy_nothing_and_are_flagged(backend):
     pool = np.arange(2 * 6 * 3 * 4, dtype=np.float32).reshape(2, 6, 3, 4)
-    assert same_bytes(device_backend.copy_temporal(pool, [1, 99, 2], [6, 3, -5]), pool)
-    got = device_backend.copy_conv(pool, [1, 2, 3], [7, 4, 5], [0, 9, -1], "SD")
+    got, errors = backend.copy_temporal(pool, [1, 99, 2], [6, 3, -5])
     assert same_bytes(got, pool)
+    assert errors.tolist() == [Fault.BAD_COPY, 0]  # row 0: destination 6 = NB
+    got, errors = backend.copy_conv(pool, [1, 2, 3], [4, 4, 5], [3, 9, -1], "SD")
+    assert same_bytes(got, pool) and errors.tolist() == [Fault.BAD_COPY, 0]  # bias 3 = W
+    # among good rows: the good rows copy, the flag names the lowest bad row
+    src, dst, bias = [-1, 2, 0, -7, 3], [3, 1, 4, 2, 5], [9, 1, 0, 0, 2]
+    got, errors = backend.copy_conv(pool, src, dst, bias, "SD")
+    assert errors.tolist() == [Fault.BAD_COPY, 3]  # -1 with bias 9 is no copy, not a fault
+    want = pool.copy()
+    want[:, 1, :2], want[:, 4], want[:, 5, :1] = pool[:, 2, 1:], pool[:, 0], pool[:, 3, 2:]
+    assert same_bytes(got, want)
+    assert copy_faults(src, dst, 6, bias, 3).tolist() == [0, 0, 0, Fault.BAD_COPY, 0]
 
 
 def test_empty_pools_and_empty_plans_are_a_no_op(device_backend):
     empty = np.zeros((0, 4, 8), np.float32)
-    assert device_backend.copy_temporal(empty, [1], [2]).shape == (0, 4, 8)
+    got, errors = device_backend.copy_temporal(empty, [1], [2])
+    assert got.shape == (0, 4, 8) and errors[0] == 0
     pool = np.ones((1, 4, 8), np.float32)
-    assert same_bytes(device_backend.copy_temporal(pool, [], []), pool)
+    assert same_bytes(device_backend.copy_temporal(pool, [], [])[0], pool)
 
 
 # -- the kernels' grids, tiling and alignment (plans, then launches of modified plans) ------
@@ -139,19 +151,23 @@ def ids(n):
     return spec((n,), "int64")
 
 
+ERR = spec((2,), "int32")  # the error flag
+
+
 def test_copy_grids_stay_near_the_target_program_count():
     # An empty decode step launches every program: the grid must not grow with rows x
     # layers x block size (it used to: 1.2 M programs, 713 us, at 256 rows of 36 x 2 MiB).
     numel = 32 * 128 * 128
     for rows in (1, 8, 64, 256, 4096):
-        plan = K.plan_copy_temporal(spec((36, 600, 32, 128, 128)), ids(rows), ids(rows))
+        plan = K.plan_copy_temporal(spec((36, 600, 32, 128, 128)), ERR, ids(rows), ids(rows))
         tiles, layers, groups = plan.grid
         # one program per tile and layer (per 1024 rows for huge batches)
         assert (tiles, layers) == (512, 36) and groups == -(-rows // kc.MAX_ROWS_PER_PROGRAM)
         assert groups * plan.constexprs["ROWS_PER_PROGRAM"] >= rows and plan.constexprs["EVEN"]
-        assert plan.views == {"pool": "int32"} and plan.aliases == {"pool": "pool"}
-        conv = K.plan_copy_conv(spec((36, 600, 3, 8192), "bfloat16"), ids(rows), ids(rows),
-                                ids(rows), layout="SD")
+        assert plan.views == {"pool": "int32"}
+        assert plan.aliases == {"pool": "pool", "errors": "errors"}
+        conv = K.plan_copy_conv(spec((36, 600, 3, 8192), "bfloat16"), ERR, ids(rows),
+                                ids(rows), ids(rows), layout="SD")
         assert conv.grid[0] * conv.grid[1] <= max(2 * kc.CONV_PROGRAMS, rows * 36)
         assert conv.grid[1] * conv.constexprs["TILES_PER_PROGRAM"] * conv.constexprs["TILE_D"] >= 8192
         assert conv.views == {"pool": "int16"}
@@ -167,19 +183,24 @@ def test_copy_grids_stay_near_the_target_program_count():
     c = kc.conv_tiling(1, 1, 3, 70_000_000, 2, "SD")
     assert c["grid"][1] <= 65_535 and c["constexprs"]["TILES_PER_PROGRAM"] >= 2
     # an empty batch launches nothing
-    assert K.plan_copy_temporal(spec((2, 4, 8)), ids(0), ids(0)).skip
+    assert K.plan_copy_temporal(spec((2, 4, 8)), ERR, ids(0), ids(0)).skip
 
 
 def launch_modified(backend, plan, arrays):
     """Launch ``plan`` as changed by a test (a grid the planner would not choose) through
     the backend's generic launcher."""
-    op = K.Op("probe", tuple(arrays), (), lambda **_: plan, ("pool",), (), "")
+    arrays = dict(arrays, errors=new_errors())
+    op = K.Op("probe", tuple(arrays), (), lambda **_: plan, ("pool", "errors"), (), "")
+    state = ("pool", "errors")
     if backend.name == "torch":
-        t = {n: backend.pool(a) if n == "pool" else backend.ids(a) for n, a in arrays.items()}
+        t = {n: backend.pool(a) if n in state else backend.ids(a) for n, a in arrays.items()}
         backend.ops.launch(op, t, {})
+        assert int(t["errors"][0]) == 0
         return backend.host(t["pool"])
-    j = {n: backend.jnp.asarray(a) if n == "pool" else backend.ids(a) for n, a in arrays.items()}
-    return np.asarray(backend.ops.launch(op, j, {})["pool"])
+    j = {n: backend.jnp.asarray(a) if n in state else backend.ids(a) for n, a in arrays.items()}
+    out = backend.ops.launch(op, j, {})
+    assert int(out["errors"][0]) == 0
+    return np.asarray(out["pool"])
 
 
 @pytest.mark.parametrize("rows_per_program", [1, 4, 16, 1024])
@@ -189,7 +210,7 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(device_backend, rows_p
     rows, nb = 11, 26
     pool = random_pool(rng, (2, nb, numel), np.float32)
     p = random_copy_plan(rng, rows, nb, 0)
-    base = K.plan_copy_temporal(spec(pool.shape), ids(rows), ids(rows))
+    base = K.plan_copy_temporal(spec(pool.shape), ERR, ids(rows), ids(rows))
     assert not base.constexprs["EVEN"]
     grouped = dataclasses.replace(
         base, grid=base.grid[:2] + (-(-rows // rows_per_program),),
@@ -201,7 +222,8 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(device_backend, rows_p
 def test_conv_programs_with_several_channel_tiles_copy_right(device_backend):
     pool = np.arange(2 * 5 * 4 * 100, dtype=np.int32).reshape(2, 5, 4, 100)
     p = copy_plan([1, 2], [1, 2], [3, 2], [1, 2])  # row 1 in place
-    small = K.plan_copy_conv(spec(pool.shape, "int32"), ids(2), ids(2), ids(2), layout="SD")
+    small = K.plan_copy_conv(spec(pool.shape, "int32"), ERR, ids(2), ids(2), ids(2),
+                             layout="SD")
     tiles = -(-100 // small.constexprs["TILE_D"])
     two = dataclasses.replace(small, grid=(small.grid[0], -(-tiles // 2)),
                               constexprs=dict(small.constexprs, TILES_PER_PROGRAM=2,
@@ -236,8 +258,10 @@ def test_copies_leave_padded_strides_alone(torch_backend):
     pool[:, 2] = torch.arange(48, dtype=torch.int32, device=dev).view(2, 3, 8)
     before = base.clone()
     i64 = lambda a: torch.tensor(a, device=dev)  # noqa: E731
-    ops.copy_conv_(pool.view(torch.float32), i64([2]), i64([4]), i64([1]), layout="SD")
-    ops.copy_temporal_(pool.view(torch.float32), i64([2]), i64([5]))
+    err = torch.from_numpy(new_errors()).to(dev)
+    ops.copy_conv_(pool.view(torch.float32), err, i64([2]), i64([4]), i64([1]), layout="SD")
+    ops.copy_temporal_(pool.view(torch.float32), err, i64([2]), i64([5]))
+    assert int(err[0]) == 0
     changed = (base != before).any(dim=-1).any(dim=0)
     assert changed.tolist() == [False, False, False, False, True, True]
     assert torch.equal(base[:, :, 24:], before[:, :, 24:])  # padding untouched
@@ -255,23 +279,26 @@ def test_copies_with_strides_aligned_to_four_elements_only(torch_backend, numel)
     pool = t[:, :, :numel]  # block stride numel + 4: a multiple of 4, not of 16
     s = torch_backend.ops.spec("pool", pool)
     assert K.pool_align(K.pool_scalars(s)) == 4
-    plan = K.plan_copy_temporal(s, ids(3), ids(3))
+    plan = K.plan_copy_temporal(s, ERR, ids(3), ids(3))
     assert plan.constexprs["ALIGN"] == 4 and plan.constexprs["EVEN"] == (numel == 512)
     p = copy_plan([1, 3, -1], [1, 3, -1], [5, 2, 6], [0, 0, 0])
     want = base.copy()
     want[:, :, :numel] = loop_temporal(base[:, :, :numel], p)
-    torch_backend.ops.copy_temporal_(pool, torch_backend.ids(p.tsrc), torch_backend.ids(p.dst))
+    err = torch_backend.torch.from_numpy(new_errors())
+    torch_backend.ops.copy_temporal_(pool, err.to(torch_backend.device), torch_backend.ids(p.tsrc),
+                                     torch_backend.ids(p.dst))
     assert same_bytes(torch_backend.host(t), want)
 
 
 def test_overlapping_pool_strides_are_rejected_and_transposed_layouts_accepted(torch_backend):
     torch, ops, dev = torch_backend.torch, torch_backend.ops, torch_backend.device
     i64 = lambda *a: torch.tensor(a, device=dev)  # noqa: E731
+    err = torch.from_numpy(new_errors()).to(dev)
     base = torch.zeros(10_000, device=dev)
     overlapping = base.as_strided((2, 5, 3, 4), (24, 12, 4, 1))  # layer 1 = layer 0, block 2
     with pytest.raises(ValueError, match="overlap"):
-        ops.copy_temporal_(overlapping, i64(1), i64(2))
+        ops.copy_temporal_(overlapping, err, i64(1), i64(2))
     blocks_first = torch.zeros(5, 2, 3, 4, device=dev).transpose(0, 1)  # [L, NB] view of [NB, L]
     blocks_first[:, 1] = 7.0
-    ops.copy_temporal_(blocks_first, i64(1), i64(3))
+    ops.copy_temporal_(blocks_first, err, i64(1), i64(3))
     assert (blocks_first[:, 3] == 7.0).all() and (blocks_first[:, 2] == 0).all()

@@ -54,8 +54,21 @@ def serve_torch(model, plain, *, caching=True, mode="pre-copy", runner_type=None
     return served
 
 
-def test_the_workload_hits_the_cache_and_drafts_vary(torch_model, plain):
-    served = serve_torch(torch_model, plain)
+@pytest.fixture(scope="module")
+def served(torch_model, plain):
+    """``served(caching, mode)``: :func:`serve_torch` with the plain runner, each run once
+    and shared by the tests that only read it (a run costs ~12 s in the interpreter)."""
+    runs = {}
+
+    def get(caching: bool = True, mode: str = "pre-copy"):
+        if (caching, mode) not in runs:
+            runs[caching, mode] = serve_torch(torch_model, plain, caching=caching, mode=mode)
+        return runs[caching, mode]
+    return get
+
+
+def test_the_workload_hits_the_cache_and_drafts_vary(served, plain):
+    served = served()
     # both second turns resume from a prefix, from a snapshot taken while the first turn
     # was decoding (past the first turn's prompt)
     workload = plain[0]
@@ -68,11 +81,11 @@ def test_the_workload_hits_the_cache_and_drafts_vary(torch_model, plain):
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
-def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, mode):
+def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, served, mode):
     # each block recorded in the prefix cache, as it was then, against the request's first
     # n tokens run alone from an empty state: the recurrent state and the conv history
     from hybrid_torch import single_row, to_numpy
-    served = serve_torch(torch_model, plain, mode=mode)
+    served = served(mode=mode)
     assert len(served.cached) >= 4
     workload, outputs, _ = plain
     K = MODEL.conv_kernel
@@ -98,25 +111,25 @@ def test_preemption_keeps_the_bits(torch_model, plain):
     assert compare(on.logits, plain[2]) == (len(on.logits), 0)
 
 
-def test_cached_equals_uncached_bit_for_bit(torch_model, plain):
-    on, off = (serve_torch(torch_model, plain, caching=c) for c in (True, False))
+def test_cached_equals_uncached_bit_for_bit(served, plain):
+    on, off = served(caching=True), served(caching=False)
     assert on.computed_tokens < off.computed_tokens  # the hits saved work
     common, differ = compare(on.logits, off.logits)
     assert common >= 40 and differ == 0
     assert compare(off.logits, plain[2]) == (len(off.logits), 0)
 
 
-def test_copy_free_equals_pre_copy_bit_for_bit(torch_model, plain):
-    pre, free = (serve_torch(torch_model, plain, mode=m) for m in ("pre-copy", "copy-free"))
+def test_copy_free_equals_pre_copy_bit_for_bit(served):
+    pre, free = served(mode="pre-copy"), served(mode="copy-free")
     assert compare(pre.logits, free.logits) == (len(pre.logits), 0)
     assert pre.logits.keys() == free.logits.keys()
 
 
-def test_torch_equals_jax_bit_for_bit(torch_model, plain):
+def test_torch_equals_jax_bit_for_bit(served, plain):
     from hybrid_jax import load_weights, new_pools, serving_step
 
     from mamba_align.backends import jax as mj
-    want = serve_torch(torch_model, plain)
+    want = served()
     step = serving_step(MODEL, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
     got = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
     assert mj.errors(step.carry["state"]) == []

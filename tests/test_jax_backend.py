@@ -117,16 +117,17 @@ def test_bridge_speaks_the_jax_triton_api_of_its_version(monkeypatch, version, k
     monkeypatch.setattr(bridge, "_JT", FakeJaxTriton)
     monkeypatch.setattr(bridge, "_JT_VERSION", version)
     pool, src, dst = jnp.zeros((2, 5, 64), jnp.int32), jnp.array([1, 2]), jnp.array([3, 4])
-    p = K.plan_copy_temporal(mj.ops.spec("pool", pool), mj.ops.spec("src", src),
-                             mj.ops.spec("dst", dst))
-    out = jax.jit(lambda a, s, d: bridge.launch(p, {"pool": a, "src": s, "dst": d}))(
-        pool, src, dst)
+    err = mj.init_state(1).errors
+    p = K.plan_copy_temporal(mj.ops.spec("pool", pool), mj.ops.spec("errors", err),
+                             mj.ops.spec("src", src), mj.ops.spec("dst", dst))
+    out = jax.jit(lambda a, e, s, d: bridge.launch(p, {"pool": a, "errors": e, "src": s,
+                                                       "dst": d}))(pool, err, src, dst)
     args, kw = calls[-1]
-    assert out["pool"].shape == pool.shape
-    assert len(args) == 3 + len(p.scalars) and args[3:] == (2, 5 * 64, 64, 64, 5)
-    assert all(type(x) is int for x in args[3:])
-    assert kw["input_output_aliases"] == {0: 0}  # pool: input 0 -> output 0
-    assert [tuple(s.shape) for s in kw[key]] == [pool.shape]
+    assert out["pool"].shape == pool.shape and out["errors"].shape == (2,)
+    assert len(args) == 4 + len(p.scalars) and args[4:] == (2, 5 * 64, 64, 64, 5)
+    assert all(type(x) is int for x in args[4:])
+    assert kw["input_output_aliases"] == {0: 0, 1: 1}  # pool, errors: inputs 0, 1 -> outputs
+    assert [tuple(s.shape) for s in kw[key]] == [pool.shape, (2,)]
     assert ({"out_shape", "out_type"} - {key}).isdisjoint(kw)
     assert kw["kernel"] is p.kernel and kw["grid"] == p.grid and kw["num_warps"] == p.num_warps
     assert all(kw[c] == v for c, v in p.constexprs.items())

@@ -5,6 +5,7 @@ of 2^31 elements or more reaches the kernel as a u32 scalar (below 2^32) or an i
 Scalars are Python ints handed to jax-triton, so this needs no ``jax_enable_x64``.
 """
 
+import numpy as np
 import pytest
 
 jax = pytest.importorskip("jax")
@@ -14,6 +15,10 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs JAX on a GPU (make gpu)"),
 ]
+
+
+def _clear():
+    return jnp.array([0, 2**31 - 1], jnp.int32)  # a clear error flag
 
 
 def _pattern(shape, seed):
@@ -38,9 +43,11 @@ def test_temporal_pool_with_a_layer_stride_beyond_2_31(num_blocks):
         return p.at[:, 1].set(_pattern((L, E), 2))
 
     pool = make()
-    copy = jax.jit(lambda p, s, d: ops.copy_temporal(p, s, d)["pool"], donate_argnums=0)
+    copy = jax.jit(lambda p, s, d: ops.copy_temporal(p, _clear(), s, d), donate_argnums=0)
     src, dst = jnp.array([NB - 1, 1], jnp.int32), jnp.array([2, NB - 2], jnp.int32)
-    pool = copy(pool, src, dst)
+    out = copy(pool, src, dst)
+    pool = out["pool"]
+    assert np.asarray(out["errors"]).tolist() == [0, 2**31 - 1]
     check = jax.jit(lambda p: (jnp.array_equal(p[:, 2], _pattern((L, E), 1)),
                                jnp.array_equal(p[:, NB - 2], _pattern((L, E), 2)),
                                jnp.array_equal(p[:, NB - 1], _pattern((L, E), 1)),
@@ -61,7 +68,7 @@ def test_conv_pool_with_a_layer_stride_beyond_2_31():
         return p.at[:, NB - 3].set(_pattern((L, W, D), 4))
 
     pool = make()
-    copy = jax.jit(lambda p, s, d, b: ops.copy_conv(p, s, d, b, layout="SD")["pool"],
+    copy = jax.jit(lambda p, s, d, b: ops.copy_conv(p, _clear(), s, d, b, layout="SD")["pool"],
                    donate_argnums=0)
     # bias 1 from the last block into NB - 2; an in-place shift by 1 of block NB - 3, a
     # memmove: rows 1 and 2 must be read before rows 0 and 1 are written

@@ -85,10 +85,10 @@ def served(model, monkeypatch_module):
     made = []  # the physical copies of each call, as the runner hands them to the kernels
     real = runner_module.ops.copy_pools_
 
-    def record(pools, kinds, plan):
+    def record(pools, kinds, plan, errors):
         made.append({k: plan[k].tolist() for k in ("copy_tsrc", "copy_csrc", "copy_dst",
                                                    "copy_bias")})
-        real(pools, kinds, plan)
+        real(pools, kinds, plan, errors)
     monkeypatch_module.setattr(runner_module.ops, "copy_pools_", record)
 
     script = {r: list(s) for r, s in SCRIPT.items()}

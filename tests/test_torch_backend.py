@@ -74,7 +74,8 @@ def test_cpu_tensors_for_compiled_kernels_get_a_clear_error(monkeypatch):
     monkeypatch.setattr(ops, "_plan", compiled_plan)
     pool = torch.zeros(1, 4, 8)
     with pytest.raises(ValueError, match="kernels run compiled on CUDA devices"):
-        ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
+        ops.copy_temporal_(pool, torch.zeros(2, dtype=torch.int32), torch.tensor([1]),
+                           torch.tensor([2]))
     assert (pool == 0).all()
 
 
@@ -86,7 +87,8 @@ def test_a_cpu_script_needs_no_environment_variable(tmp_path):
             "from mamba_align.backends.torch import ops\n"
             "pool = torch.zeros(1, 4, 2, 8)\n"
             "pool[0, 1] = 7\n"
-            "ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))\n"
+            "flag = torch.tensor([0, 2**31 - 1], dtype=torch.int32)\n"
+            "ops.copy_temporal_(pool, flag, torch.tensor([1]), torch.tensor([2]))\n"
             "assert pool[0, 2].eq(7).all()\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, check=True)

@@ -8,7 +8,7 @@ from torch_steps import run_step, seed_runner, step_config, step_inputs, step_po
 
 from mamba_align.backends.torch import StateRunner
 from mamba_align.backends.torch import ops
-from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
+from mamba_align.core import CacheConfig, ConvSpec, Fault, TemporalSpec
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,6 +22,10 @@ def ids(*v):
     return torch.tensor(v, dtype=torch.int64, device=DEV)
 
 
+def clear_flag():
+    return torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=DEV)
+
+
 def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
     # 2 layers x 16 400 blocks x 65 536 bf16: the last blocks of layer 1 sit past 2^31 elements.
     L, NB, E = 2, 16_400, 65_536
@@ -32,7 +36,8 @@ def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
     src, dst = ids(NB - 1, NB - 3, 1), ids(NB - 2, 2, NB - 4)
     want = pool[:, src].clone()
     keep = pool[:, NB - 3].clone()
-    ops.copy_temporal_(pool, src, dst)
+    err = clear_flag()
+    ops.copy_temporal_(pool, err, src, dst)
     assert torch.equal(pool[:, dst].view(torch.int16), want.view(torch.int16))
     assert torch.equal(pool[:, NB - 3].view(torch.int16), keep.view(torch.int16))
     del pool
@@ -42,7 +47,9 @@ def test_pool_beyond_2_31_elements_uses_64_bit_offsets():
     conv[:, -3:].normal_()
     before = conv[:, -3:].clone()
     # through the dispatcher this time (the torch.compile path)
-    torch.ops.mamba_align.copy_conv_(conv, ids(NB - 1, NB - 3), ids(NB - 2, NB - 3), ids(1, 2), "SD")
+    torch.ops.mamba_align.copy_conv_(conv, err, ids(NB - 1, NB - 3), ids(NB - 2, NB - 3),
+                                     ids(1, 2), "SD")
+    assert err.tolist() == clear_flag().tolist()
     assert torch.equal(conv[0, NB - 2, :3], before[0, 2, 1:])
     assert torch.equal(conv[0, NB - 2, 3], before[0, 1, 3])
     assert torch.equal(conv[0, NB - 3, :2], before[0, 0, 2:])  # in place, shift 2
@@ -62,9 +69,21 @@ def test_grid_beyond_65535_request_layer_programs():
     for s in range(4):
         m = bias == s
         want_c[:, dst[m], :, : 5 - s] = conv[:, src[m], :, s:]
-    ops.copy_temporal_(pool, src, dst)
-    ops.copy_conv_(conv, src, dst, bias, layout="DS")
+    err = clear_flag()
+    ops.copy_temporal_(pool, err, src, dst)
+    ops.copy_conv_(conv, err, src, dst, bias, layout="DS")
     assert torch.equal(pool, want_t) and torch.equal(conv, want_c)
+    assert err.tolist() == clear_flag().tolist()
+    # one bad row each, near the end (the last row group): flagged with the lowest of the
+    # two rows, nothing copied; every other row names no source (-1)
+    before_t, before_c = pool.clone(), conv.clone()
+    bad_t, bad_c, bad_bias = torch.full_like(src, -1), torch.full_like(src, -1), bias.clone()
+    bad_t[-1] = 2 * rows + 1  # = NB
+    bad_c[-2], bad_bias[-2] = src[0], 7  # valid ids, bias 7 >= W = 5
+    ops.copy_temporal_(pool, err, bad_t, dst)
+    ops.copy_conv_(conv, err, bad_c, dst, bad_bias, layout="DS")
+    assert err.tolist() == [int(Fault.BAD_COPY), rows - 2]
+    assert torch.equal(pool, before_t) and torch.equal(conv, before_c)
 
 
 def test_a_step_never_synchronises_with_the_host():
@@ -134,4 +153,5 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(mode):
 def test_cpu_tensors_on_a_gpu_machine_get_a_clear_error():
     pool = torch.zeros(1, 4, 8)
     with pytest.raises(ValueError, match="kernels run compiled on CUDA devices"):
-        ops.copy_temporal_(pool, torch.tensor([1]), torch.tensor([2]))
+        ops.copy_temporal_(pool, torch.zeros(2, dtype=torch.int32), torch.tensor([1]),
+                           torch.tensor([2]))

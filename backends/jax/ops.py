@@ -11,7 +11,7 @@ with those donated to update them in place on the GPU. Per-row outputs are int64
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -100,11 +100,15 @@ silu_mul = public(K.SILU_MUL)
 
 
 def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],
-               copy_plan: Mapping[str, Array]) -> Dict[str, Array]:
+               copy_plan: Mapping[str, Array], errors: Array
+               ) -> Tuple[Dict[str, Array], Array]:
     """Apply a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``, int ``[rows]``) to every pool named in ``kinds``
-    (``CacheConfig.copy_kinds()``); returns ``pools`` with those updated."""
+    (``CacheConfig.copy_kinds()``); rows with ids it cannot trust copy nothing and flag
+    ``BAD_COPY``. Returns ``pools`` with those updated and the error flag ``errors``
+    (int32 ``[2]``) with the copies' faults ORed in."""
     out = dict(pools)
     for name, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
-        out[name] = launch(op, arrays, statics)["pool"]
-    return out
+        res = launch(op, dict(arrays, errors=errors), statics)
+        out[name], errors = res["pool"], res["errors"]
+    return out, errors

@@ -146,9 +146,10 @@ def preprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_le
                                                        block_table),
                        {"block_size": config.block_size, "num_spec": config.num_spec,
                         "num_blocks": num_blocks, "mode": mode.value}, validate)
-    state = SlotArrays(out["state_idx"], out["acc"], state.num_computed, out["errors"])
+    errors = out["errors"]
     if mode is Mode.PRE_COPY:
-        pools = ops.copy_pools(pools, config.copy_kinds(), out)
+        pools, errors = ops.copy_pools(pools, config.copy_kinds(), out, errors)
+    state = SlotArrays(out["state_idx"], out["acc"], state.num_computed, errors)
     return state, pools, JaxBlocks(*(out[f] for f in JaxBlocks._fields))
 
 
@@ -164,6 +165,6 @@ def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_l
                                                  block_table),
                         {"block_size": config.block_size, "num_spec": config.num_spec,
                          "num_blocks": num_blocks}, validate)
-    state = SlotArrays(state.state_idx, post["acc"], post["num_computed"], post["errors"])
-    pools = ops.copy_pools(pools, config.copy_kinds(), post)
+    pools, errors = ops.copy_pools(pools, config.copy_kinds(), post, post["errors"])
+    state = SlotArrays(state.state_idx, post["acc"], post["num_computed"], errors)
     return state, pools, post["cache_col"]

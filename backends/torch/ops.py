@@ -183,9 +183,10 @@ silu_mul = public(K.SILU_MUL)
 
 
 def copy_pools_(pools: Mapping[str, Tensor], kinds: Mapping[str, str],
-                copy_plan: Mapping[str, Tensor]) -> None:
+                copy_plan: Mapping[str, Tensor], errors: Tensor) -> None:
     """Apply a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``, int ``[rows]``) to every pool named in ``kinds``
-    (``CacheConfig.copy_kinds()``), in place."""
+    (``CacheConfig.copy_kinds()``), in place; rows with ids it cannot trust copy nothing
+    and flag ``BAD_COPY`` in ``errors`` (int32 ``[2]``, in place)."""
     for _, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
-        call(op, arrays, statics)
+        call(op, dict(arrays, errors=errors), statics)

@@ -139,7 +139,7 @@ class StateRunner:
             *state, idx_mapping, query_len, is_spec, block_table, block_size=cfg.block_size,
             num_spec=cfg.num_spec, num_blocks=num_blocks, mode=self.mode.value))
         if self.mode is Mode.PRE_COPY:
-            ops.copy_pools_(pools, self.kinds, out)
+            ops.copy_pools_(pools, self.kinds, out, self.error_flag)
         return TorchBlocks(*(out[f] for f in _FIELDS))
 
     def postprocess(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor,
@@ -153,5 +153,5 @@ class StateRunner:
         out = self._bookkeeping(lambda *state: ops.postprocess_(
             *state, idx_mapping, query_len, is_spec, num_sampled, block_table,
             block_size=cfg.block_size, num_spec=cfg.num_spec, num_blocks=num_blocks))
-        ops.copy_pools_(pools, self.kinds, out)
+        ops.copy_pools_(pools, self.kinds, out, self.error_flag)
         return out["cache_col"]
