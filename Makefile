@@ -14,7 +14,8 @@ PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 
-.PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-fuzz sanitize gpu-bench
+.PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-test-1 gpu-test-2 gpu-test-3 gpu-fuzz \
+	sanitize gpu-bench
 
 venv: $(STAMP)
 
@@ -37,7 +38,7 @@ clean:
 OUT ?= benchmarks/results
 SITE := /tmp/site
 # carried wheels (.whl/, e.g. jax-triton==0.3.1) go to $(SITE), first on PYTHONPATH
-gpu gpu-setup gpu-test gpu-fuzz sanitize gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
+gpu gpu-setup gpu-test gpu-test-1 gpu-test-2 gpu-test-3 gpu-fuzz sanitize gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
 gpu: gpu-test gpu-fuzz sanitize gpu-bench
 
 gpu-setup:
@@ -49,9 +50,20 @@ gpu-setup:
 	mkdir -p $(OUT)
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
 
-gpu-test: gpu-setup
-	set -o pipefail; EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider tests \
-	  $(PYTEST_ARGS) 2>&1 | tee $(OUT)/gpu_tests.log
+# the suite in three parts, each of which fits one 600 s device call (gpu-test: all three)
+GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py tests/test_gdn.py \
+	tests/test_conv1d.py tests/test_recurrent_gpu.py tests/test_codegen.py
+GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
+	tests/test_bench_serving.py tests/test_bench_recurrent.py tests/test_scenarios.py
+GPU_TEST := EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+gpu-test: gpu-test-1 gpu-test-2 gpu-test-3
+gpu-test-1: gpu-setup
+	set -o pipefail; $(GPU_TEST) $(GPU_PART1) 2>&1 | tee $(OUT)/gpu_tests_1.log
+gpu-test-2: gpu-setup
+	set -o pipefail; $(GPU_TEST) $(GPU_PART2) 2>&1 | tee $(OUT)/gpu_tests_2.log
+gpu-test-3: gpu-setup
+	set -o pipefail; $(GPU_TEST) tests $(addprefix --ignore=,$(GPU_PART1) $(GPU_PART2)) 2>&1 \
+	  | tee $(OUT)/gpu_tests_3.log
 
 FUZZ_GPU ?= 5000
 gpu-fuzz: gpu-setup

@@ -133,3 +133,55 @@ def test_cuda_graph_replay_of_both_recurrences():
     for a, b in zip(out, fresh):
         assert torch.equal(a, b)
     assert not torch.equal(out[0], eager[0])
+
+
+def test_inputs_as_unaligned_views_give_the_bits_of_contiguous_ones():
+    # q/k/v (and the conv's x) as views into one fused projection buffer with an odd row
+    # stride and a pointer 2 bytes past 16-byte alignment: the plans must then promise the
+    # compiler less alignment (QK_ALIGN / V_ALIGN / X_ALIGN), and the launcher must not
+    # specialise the pointer. A wrong promise faults or reads the wrong elements compiled;
+    # the interpreter cannot tell
+    T, H, HV, K, D = 5, 2, 4, 64, 96
+    g = torch.Generator(device=DEV).manual_seed(1)
+    width = 1 + 2 * H * K + HV * K + 3  # odd: no row of the buffer is aligned
+    fused = torch.randn(T, width, device=DEV, generator=g).to(torch.bfloat16)
+    q = fused[:, 1:1 + H * K].unflatten(1, (H, K))
+    k = fused[:, 1 + H * K:1 + 2 * H * K].unflatten(1, (H, K))
+    v = fused[:, 1 + 2 * H * K:1 + 2 * H * K + HV * K].unflatten(1, (HV, K))
+    assert q.data_ptr() % 16 and q.stride(0) % 8
+    gates = [torch.randn(T, HV, device=DEV, generator=g) for _ in range(2)]
+    A_log, dt_bias = (torch.randn(HV, device=DEV, generator=g) for _ in range(2))
+    init = torch.randn(HV, K, K, device=DEV, generator=g)
+    cu, spec, wbs = t([0, 2, T]), t([1, 0]), t([[2, 3, 4], [5, -1, -1]])
+
+    def gdn(q, k, v):
+        pool = torch.zeros((1, 6, HV, K, K), device=DEV)
+        pool[0, 1] = init
+        errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+        o = ops.gated_delta_rule_fused_gates_(
+            pool, errors, q, k, v, *gates, A_log, dt_bias, cu, t([1, 1]), wbs, spec, layer=0,
+            use_qk_l2norm=True)["o"]
+        assert errors.tolist()[0] == 0
+        return o, pool
+
+    (o_view, p_view), (o_cont, p_cont) = gdn(q, k, v), gdn(*(a.contiguous() for a in (q, k, v)))
+    assert torch.equal(o_view, o_cont) and torch.equal(p_view, p_cont)
+    assert p_view[0, 2:6].abs().sum() > 0  # the candidates and the final state were written
+
+    xs = torch.randn(T, D + 3, device=DEV, generator=g).to(torch.bfloat16)
+    x = xs[:, 1:1 + D]  # row stride D + 3, pointer 2 bytes off
+    w, cb = torch.randn(D, 4, device=DEV, generator=g), torch.randn(D, device=DEV, generator=g)
+    hist = torch.randn(D, 5, device=DEV, generator=g).to(torch.bfloat16)
+
+    def conv(x):
+        pool = torch.zeros((1, 6, D, 5), dtype=torch.bfloat16, device=DEV)
+        pool[0, 1] = hist
+        errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+        y = ops.conv1d_update_(pool, errors, x, w, cb, cu, t([1, 1]), t([0, 1]), t([2, 5]),
+                               spec, layer=0, layout="DS")["y"]
+        assert errors.tolist()[0] == 0
+        return y, pool
+
+    (y_view, c_view), (y_cont, c_cont) = conv(x), conv(x.contiguous())
+    assert torch.equal(y_view, y_cont)
+    assert torch.equal(c_view.view(torch.int16), c_cont.view(torch.int16))
