@@ -62,7 +62,7 @@ warnings.filterwarnings("ignore", message=".*donat")  # CPU: JAX cannot donate b
 
 def settings(small: bool) -> Dict[str, Any]:
     if small:
-        return dict(model="TINY", block_size=4, num_spec=2, conversations=1, new_tokens=6,
+        return dict(model="TINY", block_size=4, num_spec=2, conversations=1, new_tokens=4,
                     max_num_seqs=4, max_num_tokens=16, num_blocks=64)
     return dict(model="GPU", block_size=32, num_spec=3, conversations=8, new_tokens=48,
                 max_num_seqs=8, max_num_tokens=256, num_blocks=512)

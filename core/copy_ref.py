@@ -8,7 +8,9 @@ to each pool by :func:`apply_copy`:
   ``W - bias ...`` untouched; DS: the same along the last axis. ``csrc == dst`` is a
   left shift in place with ``memmove`` semantics.
 
-A row whose source is negative does nothing. This is the oracle the copy kernels equal.
+A row whose source (or destination) is -1 does nothing. Ids below -1, ids ``>= NB`` on
+rows that copy and biases outside ``[0, W)`` raise here; the kernels skip such rows and
+flag them (:func:`copy_faults`). This is the oracle the copy kernels equal.
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ def _check_pool(name: str, pool: np.ndarray, ndim_min: int) -> None:
 
 
 def _check_blocks(plan: CopyPlan, num_blocks: int, src: np.ndarray) -> None:
+    for name, ids in (("source", src), ("destination", plan.dst)):
+        if ids.size and ids.min() < -1:
+            raise ValueError(f"copy {name} block {int(ids.min())} < -1 (-1 = no copy)")
     on = plan.active
     for name, ids in (("source", src[on]), ("destination", plan.dst[on])):
         if ids.size and ids.max() >= num_blocks:
@@ -154,8 +159,9 @@ def apply_conv_copy(pool: np.ndarray, plan: CopyPlan, layout: str) -> None:
     axis = 2 if layout == "SD" else 3
     w = pool.shape[axis]
     on = np.flatnonzero(plan.active)
-    if np.any(plan.bias[on] >= w):
-        raise ValueError(f"bias must be < conv width W = {w}, got {int(plan.bias[on].max())}")
+    bad = [int(b) for b in plan.bias[on] if not 0 <= b < w]
+    if bad:
+        raise ValueError(f"bias must be in [0, W = {w}), got {bad[0]}")
     view = pool if layout == "SD" else np.swapaxes(pool, 2, 3)
     reads = [view[:, plan.csrc[r], plan.bias[r]:].copy() for r in on]  # memmove-safe
     for r, rows in zip(on, reads):

@@ -287,7 +287,7 @@ COPY_TEMPORAL = Op(
     ``src`` / ``dst`` int ``[rows]`` physical block ids, -1 = no copy. A row with an id
     below -1 or ``>= NB`` copies nothing and ORs ``BAD_COPY`` into ``errors`` (int32 ``[2]``,
     in place). Rows must not write a block another row reads or writes (not checked: they
-    run in parallel).""",
+    run in parallel). An empty pool launches nothing and flags nothing.""",
 )
 
 COPY_CONV = Op(
@@ -303,7 +303,8 @@ COPY_CONV = Op(
     ``[L, NB, W, D]`` (``layout="SD"``) or ``[L, NB, D, W]`` (``"DS"``), updated in place;
     ``src`` / ``dst`` / ``bias`` int ``[rows]``, -1 = no copy. A row with an id below -1 or
     ``>= NB``, or with valid ids and a bias outside ``[0, W)``, copies nothing and ORs
-    ``BAD_COPY`` into ``errors`` (int32 ``[2]``, in place).""",
+    ``BAD_COPY`` into ``errors`` (int32 ``[2]``, in place). Rows must not race (as for
+    ``copy_temporal``); an empty pool launches nothing and flags nothing.""",
 )
 
 

@@ -1,10 +1,10 @@
-"""Row helpers the bookkeeping kernels share: a program's batch rows, block-table reads
-that check what they read, duplicate rows, and the error flag (docs/semantics.md §1, "Bad
-values"; the fault bits are :class:`mamba_align.core.faults.Fault`).
+"""Row helpers the kernels share: a program's batch rows, block-table reads that check
+what they read, duplicate rows, and the error flag (docs/semantics.md §1, "Bad values";
+the fault bits are :class:`mamba_align.core.faults.Fault`).
 
 A row the kernels cannot trust is served as a skipped row and its fault bits are ORed
 into the error flag ``errors`` (int32 ``[2]``: ``[bits, lowest faulty row]``), an in-place
-array every bookkeeping kernel takes.
+array every kernel takes (bookkeeping, copies, recurrences).
 """
 
 from __future__ import annotations

@@ -119,18 +119,25 @@ class Reference(Backend):
         out.update(zip(COPY_PLAN, (cp.tsrc, cp.csrc, cp.dst, cp.bias)))
         return new, out
 
+    @staticmethod
+    def _trusted(pool, fault, *ids):
+        # the core raises on faulty rows, the kernels skip them (and an empty pool launches
+        # nothing, so it flags nothing)
+        fault = fault * (pool.size > 0)
+        return fault, [np.where(fault == 0, np.asarray(x), -1) for x in ids]
+
     def copy_temporal(self, pool, src, dst):
-        out, fault = pool.copy(), copy_faults(src, dst, pool.shape[1])
-        src = np.where(fault == 0, src, -1)  # the core raises; the kernels skip such rows
+        fault, (src, dst) = self._trusted(pool, copy_faults(src, dst, pool.shape[1]), src, dst)
+        out = pool.copy()
         apply_temporal_copy(out, copy_plan(src, src, dst, np.zeros(len(src))))
         return out, flag_of(fault).astype(np.int64)
 
     def copy_conv(self, pool, src, dst, bias, layout):
         width = pool.shape[2 if layout == "SD" else 3]
-        out, fault = pool.copy(), copy_faults(src, dst, pool.shape[1], bias, width)
-        ok = fault == 0
-        apply_conv_copy(out, copy_plan(src, np.where(ok, src, -1), dst, np.where(ok, bias, 0)),
-                        layout)
+        fault, (src, dst) = self._trusted(pool, copy_faults(src, dst, pool.shape[1], bias, width),
+                                          src, dst)
+        out, bias = pool.copy(), np.where(fault == 0, bias, 0)
+        apply_conv_copy(out, copy_plan(src, src, dst, bias), layout)
         return out, flag_of(fault).astype(np.int64)
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,

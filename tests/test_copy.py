@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import make_backend
 from copy_oracles import (copy_plan, loop_conv, loop_temporal, random_copy_plan, random_pool,
                           same_bytes)
 
 from mamba_align import kernels as K
-from mamba_align.core import (CacheConfig, ConvSpec, Fault, TemporalSpec, apply_copy,
-                               apply_temporal_copy, copy_faults, new_errors)
+from mamba_align.core import (NO_ROW, CacheConfig, ConvSpec, Fault, TemporalSpec, apply_conv_copy,
+                               apply_copy, apply_temporal_copy, copy_faults, flag_of, new_errors)
 from mamba_align.kernels import copy as kc
 
 DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
@@ -133,6 +134,54 @@ def test_out_of_range_block_ids_and_biases_copy_nothing_and_are_flagged(backend)
     assert copy_faults(src, dst, 6, bias, 3).tolist() == [0, 0, 0, Fault.BAD_COPY, 0]
 
 
+def test_random_bad_ids_are_skipped_and_flagged_like_the_reference(backend):
+    # good rows (distinct destinations) with some rows made bad: an id below -1 or >= NB,
+    # or a bias outside [0, W) on valid ids; bad rows copy nothing, so no race appears
+    ref = make_backend("reference")
+
+    @settings(max_examples=backend.examples(60))
+    @given(st.data())
+    def run(data):
+        rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+        layout = data.draw(st.sampled_from(["SD", "DS"]))
+        nb, w = data.draw(st.integers(4, 12)), data.draw(st.integers(1, 5))
+        rows = data.draw(st.integers(1, (nb - 1) // 2))
+        p = random_copy_plan(rng, rows, nb, w - 1)
+        src, dst, bias = p.csrc.copy(), p.dst.copy(), p.bias.copy()
+        for r in np.flatnonzero(rng.random(rows) < 0.4):
+            what = rng.integers(0, 3)
+            bad = rng.choice([-3, -2, nb, nb + 1])
+            if what == 0:
+                src[r] = bad
+            elif what == 1:
+                dst[r] = bad
+            else:
+                bias[r] = rng.choice([-2, -1, w, w + 1])
+        pool = random_pool(rng, (2, nb, w, 3) if layout == "SD" else (2, nb, 3, w), np.float32)
+        want, want_flag = ref.copy_conv(pool, src, dst, bias, layout)
+        got, flag = backend.copy_conv(pool, src, dst, bias, layout)
+        assert same_bytes(got, want) and flag.tolist() == want_flag.tolist()
+        assert flag.tolist() == flag_of(copy_faults(src, dst, nb, bias, w)).tolist()
+        want, want_flag = ref.copy_temporal(pool, src, dst)
+        got, flag = backend.copy_temporal(pool, src, dst)
+        assert same_bytes(got, want) and flag.tolist() == want_flag.tolist()
+
+    run()
+
+
+def test_the_reference_raises_on_what_the_kernels_flag():
+    pool = np.zeros((1, 6, 3, 2), np.float32)
+    with pytest.raises(ValueError, match="< -1"):
+        apply_temporal_copy(pool, copy_plan([-2], [-2], [3], [0]))
+    with pytest.raises(ValueError, match="< -1"):
+        apply_temporal_copy(pool, copy_plan([1], [1], [-4], [0]))
+    with pytest.raises(ValueError, match=">= pool blocks"):
+        apply_temporal_copy(pool, copy_plan([6], [6], [3], [0]))
+    for bias in (-1, 3):
+        with pytest.raises(ValueError, match=r"bias must be in \[0, W = 3\)"):
+            apply_conv_copy(pool, copy_plan([1], [1], [2], [bias]), "SD")
+
+
 def test_empty_pools_and_empty_plans_are_a_no_op(device_backend):
     empty = np.zeros((0, 4, 8), np.float32)
     got, errors = device_backend.copy_temporal(empty, [1], [2])
@@ -188,19 +237,17 @@ def test_copy_grids_stay_near_the_target_program_count():
 
 def launch_modified(backend, plan, arrays):
     """Launch ``plan`` as changed by a test (a grid the planner would not choose) through
-    the backend's generic launcher."""
+    the backend's generic launcher. Returns the pool and the error flag."""
     arrays = dict(arrays, errors=new_errors())
     op = K.Op("probe", tuple(arrays), (), lambda **_: plan, ("pool", "errors"), (), "")
     state = ("pool", "errors")
     if backend.name == "torch":
         t = {n: backend.pool(a) if n in state else backend.ids(a) for n, a in arrays.items()}
         backend.ops.launch(op, t, {})
-        assert int(t["errors"][0]) == 0
-        return backend.host(t["pool"])
+        return backend.host(t["pool"]), backend.host(t["errors"]).tolist()
     j = {n: backend.jnp.asarray(a) if n in state else backend.ids(a) for n, a in arrays.items()}
     out = backend.ops.launch(op, j, {})
-    assert int(out["errors"][0]) == 0
-    return np.asarray(out["pool"])
+    return np.asarray(out["pool"]), np.asarray(out["errors"]).tolist()
 
 
 @pytest.mark.parametrize("rows_per_program", [1, 4, 16, 1024])
@@ -215,8 +262,16 @@ def test_temporal_copy_with_row_groups_and_a_ragged_block(device_backend, rows_p
     grouped = dataclasses.replace(
         base, grid=base.grid[:2] + (-(-rows // rows_per_program),),
         constexprs=dict(base.constexprs, ROWS_PER_PROGRAM=rows_per_program))
-    got = launch_modified(device_backend, grouped, {"pool": pool, "src": p.tsrc, "dst": p.dst})
-    assert same_bytes(got, loop_temporal(pool, p))
+    got, errors = launch_modified(device_backend, grouped,
+                                  {"pool": pool, "src": p.tsrc, "dst": p.dst})
+    assert same_bytes(got, loop_temporal(pool, p)) and errors == [0, NO_ROW]
+    # a bad source in row 9 (a masked tail in most groupings): that row alone is skipped,
+    # and the one program of its group that flags names it
+    bad = p.tsrc.copy()
+    bad[9] = nb + 1
+    got, errors = launch_modified(device_backend, grouped, {"pool": pool, "src": bad, "dst": p.dst})
+    good = copy_plan(np.where(bad > nb, -1, bad), p.csrc, p.dst, p.bias)
+    assert same_bytes(got, loop_temporal(pool, good)) and errors == [Fault.BAD_COPY, 9]
 
 
 def test_conv_programs_with_several_channel_tiles_copy_right(device_backend):
@@ -228,9 +283,9 @@ def test_conv_programs_with_several_channel_tiles_copy_right(device_backend):
     two = dataclasses.replace(small, grid=(small.grid[0], -(-tiles // 2)),
                               constexprs=dict(small.constexprs, TILES_PER_PROGRAM=2,
                                               EVEN_D=False))
-    got = launch_modified(device_backend, two,
-                          {"pool": pool, "src": p.csrc, "dst": p.dst, "bias": p.bias})
-    assert same_bytes(got, loop_conv(pool, p, "SD"))
+    got, errors = launch_modified(device_backend, two,
+                                  {"pool": pool, "src": p.csrc, "dst": p.dst, "bias": p.bias})
+    assert same_bytes(got, loop_conv(pool, p, "SD")) and errors == [0, NO_ROW]
 
 
 def test_pool_align_is_the_largest_power_of_two_dividing_the_strides():
@@ -285,9 +340,9 @@ def test_copies_with_strides_aligned_to_four_elements_only(torch_backend, numel)
     want = base.copy()
     want[:, :, :numel] = loop_temporal(base[:, :, :numel], p)
     err = torch_backend.torch.from_numpy(new_errors())
-    torch_backend.ops.copy_temporal_(pool, err.to(torch_backend.device), torch_backend.ids(p.tsrc),
-                                     torch_backend.ids(p.dst))
-    assert same_bytes(torch_backend.host(t), want)
+    err = err.to(torch_backend.device)
+    torch_backend.ops.copy_temporal_(pool, err, torch_backend.ids(p.tsrc), torch_backend.ids(p.dst))
+    assert same_bytes(torch_backend.host(t), want) and err.tolist() == [0, NO_ROW]
 
 
 def test_overlapping_pool_strides_are_rejected_and_transposed_layouts_accepted(torch_backend):
@@ -301,4 +356,5 @@ def test_overlapping_pool_strides_are_rejected_and_transposed_layouts_accepted(t
     blocks_first = torch.zeros(5, 2, 3, 4, device=dev).transpose(0, 1)  # [L, NB] view of [NB, L]
     blocks_first[:, 1] = 7.0
     ops.copy_temporal_(blocks_first, err, i64(1), i64(3))
+    assert err.tolist() == [0, NO_ROW]
     assert (blocks_first[:, 3] == 7.0).all() and (blocks_first[:, 2] == 0).all()

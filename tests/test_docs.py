@@ -20,7 +20,7 @@ README_OUTPUT = [
     ["[1] [1]", "[5] [[5 6 7]]", "[1] [2]"],  # core: no crossing; the boundary at 8 tokens
     ["[5] [[5, 6, 7]]", "[1] True", "[-1] the block table names"],  # torch quick-start
     ["[[5, 6, 7]] [1]", "True"],  # JAX quick-start
-    ["True"],  # one operation
+    ["True", "16384"],  # one operation; a bad id flagged
 ]
 
 

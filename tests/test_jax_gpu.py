@@ -68,12 +68,14 @@ def test_conv_pool_with_a_layer_stride_beyond_2_31():
         return p.at[:, NB - 3].set(_pattern((L, W, D), 4))
 
     pool = make()
-    copy = jax.jit(lambda p, s, d, b: ops.copy_conv(p, _clear(), s, d, b, layout="SD")["pool"],
+    copy = jax.jit(lambda p, s, d, b: ops.copy_conv(p, _clear(), s, d, b, layout="SD"),
                    donate_argnums=0)
     # bias 1 from the last block into NB - 2; an in-place shift by 1 of block NB - 3, a
     # memmove: rows 1 and 2 must be read before rows 0 and 1 are written
     src, dst = jnp.array([NB - 1, NB - 3], jnp.int32), jnp.array([NB - 2, NB - 3], jnp.int32)
-    pool = copy(pool, src, dst, jnp.array([1, 1], jnp.int32))
+    out = copy(pool, src, dst, jnp.array([1, 1], jnp.int32))
+    pool = out["pool"]
+    assert np.asarray(out["errors"]).tolist() == [0, 2**31 - 1]
     a, b = _pattern((L, W, D), 3), _pattern((L, W, D), 4)
     check = jax.jit(lambda p: (jnp.array_equal(p[:, NB - 2, :2], a[:, 1:]),
                                jnp.all(p[:, NB - 2, 2] == 0),  # rows W - bias.. untouched

@@ -81,6 +81,7 @@ def test_grid_beyond_65535_request_layer_programs():
     bad_t[-1] = 2 * rows + 1  # = NB
     bad_c[-2], bad_bias[-2] = src[0], 7  # valid ids, bias 7 >= W = 5
     ops.copy_temporal_(pool, err, bad_t, dst)
+    assert err.tolist() == [int(Fault.BAD_COPY), rows - 1]
     ops.copy_conv_(conv, err, bad_c, dst, bad_bias, layout="DS")
     assert err.tolist() == [int(Fault.BAD_COPY), rows - 2]
     assert torch.equal(pool, before_t) and torch.equal(conv, before_c)

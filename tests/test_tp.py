@@ -47,7 +47,7 @@ def test_shards_partition_the_heads_and_the_mlp():
 def run_tp(tmp_path, framework: str):
     out, logits = tmp_path / f"{framework}.json", tmp_path / f"{framework}.npz"
     script = [str(ROOT / "examples" / f"serve_tp_{framework}.py"), "--out", str(out),
-              "--logits", str(logits), "--new-tokens", "5"]
+              "--logits", str(logits), "--new-tokens", "3"]
     launch = ([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-port", str(free_port())] if framework == "torch" else
               [sys.executable])
