@@ -14,6 +14,11 @@ if "TRITON_INTERPRET" not in os.environ and not (
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from .interpret import install as _install
+
+    _install()  # nested helper calls skip a redundant patch of triton.language (interpret.py)
+
 from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # noqa: E402
                    check_pool, check_step_scalars, pool_scalars, table_scalars)
 from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa: E402
