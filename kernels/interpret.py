@@ -5,14 +5,15 @@ starts and restores them when it ends. A call of a ``@triton.jit`` helper from i
 kernel asks for the swap again although it is in place: that walks every member of
 ``triton.language`` (about 1 ms a call) and changes nothing, since the swapped members
 are no longer builtins. It was 38 % of a served model step in the interpreter
-(benchmarks/README.md). :func:`install` makes such a call skip the walk when every
-``triton.language`` module the helper sees is already swapped; launches, and helpers that
-see a module the launch did not swap, go through Triton's own code.
+(benchmarks/README.md). :func:`install` makes a helper called during a launch skip the
+walk when every ``triton.language`` module it sees is swapped; launches, and helpers that
+see a module that is not swapped, go through Triton's own code.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
@@ -23,25 +24,38 @@ def _swapped(module) -> bool:
 
 
 def install() -> bool:
-    """Make nested helper calls skip the redundant swap; ``False`` if this Triton's
-    interpreter is not the one this was written for (nothing changed), or it is already
-    installed."""
-    original = getattr(_interpreter, "_patch_lang", None)
+    """Make helper calls during a launch skip the redundant swap; ``False`` if this
+    Triton's interpreter is not the one this was written for (nothing changed), or it is
+    already installed."""
+    patch = getattr(_interpreter, "_patch_lang", None)
+    launcher = getattr(_interpreter, "GridExecutor", None)
     scope = getattr(_interpreter, "_LangPatchScope", None)
-    if original is None or scope is None or getattr(original, "skips_nested_swaps", False):
+    if (patch is None or scope is None or launcher is None
+            or getattr(patch, "skips_nested_swaps", False)):
         return False
-
-    langs_of = {}  # a function's triton.language modules (its globals hold the same ones)
+    launching = threading.local()  # launches in this thread now running (0 or 1)
+    langs_of = {}  # a function's triton.language modules, as its globals name them
 
     def patch_lang(fn):
         langs = langs_of.get(fn)
         if langs is None:
             langs = langs_of[fn] = [v for v in fn.__globals__.values()
                                     if inspect.ismodule(v) and v in (tl, tl.core)]
-        if langs and all(_swapped(m) for m in langs):
-            return scope()  # inside a launch: nothing to swap, nothing to restore
-        return original(fn)
+        if getattr(launching, "depth", 0) and langs and all(_swapped(m) for m in langs):
+            return scope()  # a helper inside a launch: nothing to swap, nothing to restore
+        return patch_lang.original(fn)
+
+    run = launcher.__call__
+
+    def launch(self, *args, **kwargs):
+        launching.depth = getattr(launching, "depth", 0) + 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            launching.depth -= 1
 
     patch_lang.skips_nested_swaps = True
+    patch_lang.original = patch
     _interpreter._patch_lang = patch_lang
+    launcher.__call__ = launch
     return True

@@ -1,21 +1,41 @@
 """The one change the package makes to Triton's CPU interpreter (kernels/interpret.py): a
-``@triton.jit`` helper called inside a launch skips re-swapping ``triton.language``, which
-the launch has swapped already; anything the launch did not swap is still swapped by
-Triton. That the kernels compute the same bits with it is the rest of the suite (every
-kernel against its reference, in the interpreter)."""
+``@triton.jit`` helper called during a launch skips re-swapping ``triton.language``, which
+the launch has swapped already; launches themselves go through Triton's own code. That
+the kernels compute the same bits with it is the rest of the suite (every kernel against
+its reference, in the interpreter)."""
 
 import os
-import types
 
 import pytest
+import torch
+import triton
 import triton.language as tl
 from triton.runtime import interpreter
 
-from mamba_align.kernels import rows
 from mamba_align.kernels.interpret import install
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                 reason="the interpreter only (compiled kernels never use it)")
+
+
+@triton.jit
+def _plus_one(x):
+    return x + 1
+
+
+@triton.jit
+def _twice_plus_one(ptr):
+    x = tl.load(ptr)
+    tl.store(ptr, _plus_one(_plus_one(x)))
+
+
+@pytest.fixture
+def swaps(monkeypatch):
+    """The names of the functions Triton's own swap ran for."""
+    seen, real = [], interpreter._patch_lang.original
+    monkeypatch.setattr(interpreter._patch_lang, "original",
+                        lambda fn: seen.append(fn.__name__) or real(fn))
+    return seen
 
 
 def test_installed_once_by_the_package():
@@ -23,20 +43,18 @@ def test_installed_once_by_the_package():
     assert install() is False  # already in place: nothing changes
 
 
-def test_a_nested_call_skips_only_what_the_launch_swapped():
-    helper = rows.flag_row.fn  # a helper of the kernels: its module sees triton.language
-    assert tl.core.is_builtin(tl.load)
-    launch = interpreter._patch_lang(helper)  # as a launch does: the builtins swapped
+def test_a_launch_swaps_once_and_its_helper_calls_skip_the_swap(swaps):
+    x = torch.zeros(1)
+    _twice_plus_one[(1,)](x)
+    assert x.item() == 2.0
+    assert swaps == ["_twice_plus_one"]  # Triton alone: the kernel, then each helper call
+    assert tl.core.is_builtin(tl.load)  # restored after the launch
+
+
+def test_outside_a_launch_the_swap_is_triton_own(swaps):
+    scope = interpreter._patch_lang(_plus_one.fn)
     try:
-        assert not tl.core.is_builtin(tl.load)
-        nested = interpreter._patch_lang(helper)
-        assert nested._changes == []  # nothing swapped again, nothing to restore
-        # a helper that sees triton.language.core, which this launch did not swap
-        other = types.FunctionType((lambda: None).__code__, {"core": tl.core})
-        assert tl.core.is_builtin(tl.core.load)
-        swapped = interpreter._patch_lang(other)
-        assert not tl.core.is_builtin(tl.core.load)
-        swapped.restore()
+        assert swaps == ["_plus_one"] and not tl.core.is_builtin(tl.load)
     finally:
-        launch.restore()
-    assert tl.core.is_builtin(tl.load) and tl.core.is_builtin(tl.core.load)
+        scope.restore()
+    assert tl.core.is_builtin(tl.load)
