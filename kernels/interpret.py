@@ -3,11 +3,12 @@
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch
 starts and restores them when it ends. A call of a ``@triton.jit`` helper from inside a
 kernel asks for the swap again although it is in place: that walks every member of
-``triton.language`` (about 1 ms a call) and changes nothing, since the swapped members
-are no longer builtins. It was 38 % of a served model step in the interpreter
-(benchmarks/README.md). :func:`install` makes a helper called during a launch skip the
-walk when every ``triton.language`` module it sees is swapped; launches, and helpers that
-see a module that is not swapped, go through Triton's own code.
+``triton.language`` (about 1 ms a call), swaps no builtin (they are swapped already) and
+sets the tensor methods it sets again to equivalent ones, which nothing restores. Under
+cProfile it was 38 % of a served model step in the interpreter (benchmarks/README.md).
+:func:`install` makes a helper called during a launch skip that when every
+``triton.language`` module it sees is swapped; the launch's own swap, and helpers that see
+a module that is not swapped, go through Triton's code. Written for Triton 3.6.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import inspect
 import threading
 
+import triton
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
@@ -30,10 +32,10 @@ def install() -> bool:
     patch = getattr(_interpreter, "_patch_lang", None)
     launcher = getattr(_interpreter, "GridExecutor", None)
     scope = getattr(_interpreter, "_LangPatchScope", None)
-    if (patch is None or scope is None or launcher is None
-            or getattr(patch, "skips_nested_swaps", False)):
+    if (not triton.__version__.startswith("3.6.") or patch is None or scope is None
+            or launcher is None or getattr(patch, "skips_nested_swaps", False)):
         return False
-    launching = threading.local()  # launches in this thread now running (0 or 1)
+    launching = threading.local()  # launches running in this thread; the next swap its own
     langs_of = {}  # a function's triton.language modules, as its globals name them
 
     def patch_lang(fn):
@@ -41,7 +43,9 @@ def install() -> bool:
         if langs is None:
             langs = langs_of[fn] = [v for v in fn.__globals__.values()
                                     if inspect.ismodule(v) and v in (tl, tl.core)]
-        if getattr(launching, "depth", 0) and langs and all(_swapped(m) for m in langs):
+        if getattr(launching, "fresh", False):
+            launching.fresh = False  # the launch's own swap
+        elif getattr(launching, "depth", 0) and langs and all(_swapped(m) for m in langs):
             return scope()  # a helper inside a launch: nothing to swap, nothing to restore
         return patch_lang.original(fn)
 
@@ -49,10 +53,12 @@ def install() -> bool:
 
     def launch(self, *args, **kwargs):
         launching.depth = getattr(launching, "depth", 0) + 1
+        launching.fresh = True
         try:
             return run(self, *args, **kwargs)
         finally:
             launching.depth -= 1
+            launching.fresh = False
 
     patch_lang.skips_nested_swaps = True
     patch_lang.original = patch

@@ -14,8 +14,12 @@ from triton.runtime import interpreter
 
 from mamba_align.kernels.interpret import install
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                reason="the interpreter only (compiled kernels never use it)")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                       reason="the interpreter only (compiled kernels never use it)"),
+    pytest.mark.skipif(not triton.__version__.startswith("3.6."),
+                       reason="written for Triton 3.6's interpreter (install() declines others)"),
+]
 
 
 @triton.jit
@@ -27,6 +31,11 @@ def _plus_one(x):
 def _twice_plus_one(ptr):
     x = tl.load(ptr)
     tl.store(ptr, _plus_one(_plus_one(x)))
+
+
+@triton.jit
+def _calls_a_helper_wrongly(ptr):
+    tl.store(ptr, _plus_one())
 
 
 @pytest.fixture
@@ -49,6 +58,27 @@ def test_a_launch_swaps_once_and_its_helper_calls_skip_the_swap(swaps):
     assert x.item() == 2.0
     assert swaps == ["_twice_plus_one"]  # Triton alone: the kernel, then each helper call
     assert tl.core.is_builtin(tl.load)  # restored after the launch
+
+
+def test_a_launch_swaps_even_when_the_builtins_are_already_swapped(swaps):
+    # as when another thread is inside a launch: this launch still runs Triton's own swap
+    outer = interpreter._patch_lang(_plus_one.fn)
+    try:
+        x = torch.zeros(1)
+        _twice_plus_one[(1,)](x)
+        assert x.item() == 2.0 and swaps == ["_plus_one", "_twice_plus_one"]
+    finally:
+        outer.restore()
+    assert tl.core.is_builtin(tl.load)
+
+
+def test_an_exception_in_a_launch_leaves_no_launch_counted(swaps):
+    with pytest.raises(interpreter.InterpreterError):
+        _calls_a_helper_wrongly[(1,)](torch.zeros(1))
+    assert tl.core.is_builtin(tl.load)
+    scope = interpreter._patch_lang(_plus_one.fn)  # not during a launch: Triton's own swap
+    scope.restore()
+    assert swaps[-1] == "_plus_one"
 
 
 def test_outside_a_launch_the_swap_is_triton_own(swaps):
