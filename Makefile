@@ -55,7 +55,7 @@ GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py te
 	tests/test_conv1d.py tests/test_recurrent_gpu.py tests/test_codegen.py
 GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
 	tests/test_bench_serving.py tests/test_bench_recurrent.py tests/test_scenarios.py
-GPU_TEST := python3 -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+GPU_TEST := EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 gpu-test: gpu-test-1 gpu-test-2 gpu-test-3
 gpu-test-1: gpu-setup
 	set -o pipefail; $(GPU_TEST) $(GPU_PART1) 2>&1 | tee $(OUT)/gpu_tests_1.log

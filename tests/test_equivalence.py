@@ -199,7 +199,7 @@ def small_scenarios(draw):
                 mode=draw(st.sampled_from(["pre-copy", "copy-free"])), pad=draw(st.booleans()))
 
 
-@settings(max_examples=int(__import__("os").environ.get("EQUIVALENCE_EXAMPLES", "50")))
+@settings(max_examples=int(__import__("os").environ.get("EQUIVALENCE_EXAMPLES", "25")))
 @given(small_scenarios())
 def test_three_way_on_random_streams(sc):
     sched = Scheduler(sc["cfg"], sc["num_blocks"], sc["max_num_seqs"], sc["max_num_tokens"], 64,
