@@ -53,6 +53,13 @@ def check(name: str, got: torch.Tensor, want: np.ndarray, tol: float) -> None:
         raise SystemExit(f"{name}: relative error {err:.3g} > {tol} against the reference")
 
 
+
+def _of_group(groups: str, k: int) -> property:
+    """Item ``k`` of the group of ``groups`` (a list of tuples of block ids) that the
+    current call uses (the call count ``i``, cycled)."""
+    return property(lambda self: getattr(self, groups)[self.i % len(getattr(self, groups))][k])
+
+
 class Case:
     """One batch of GDN rows (and their conv), with distinct read and write blocks.
 
@@ -104,25 +111,10 @@ class Case:
         self.off = torch.zeros(B, dtype=torch.int64, device=dev)
         self.errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=dev)  # clear
 
-    @property
-    def rb(self) -> torch.Tensor:
-        return self.sets[self.i % self.nsets][0]
-
-    @property
-    def wbs(self) -> torch.Tensor:
-        return self.sets[self.i % self.nsets][1]
-
-    @property
-    def wb(self) -> torch.Tensor:
-        return self.sets[self.i % self.nsets][2]
-
-    @property
-    def crb(self) -> torch.Tensor:
-        return self.csets[self.i % self.cnsets][0]
-
-    @property
-    def cwb(self) -> torch.Tensor:
-        return self.csets[self.i % self.cnsets][1]
+    # the current call's blocks: read, write slots and the final write of the state group
+    # i % nsets; read and write of the conv group i % cnsets
+    rb, wbs, wb = (_of_group("sets", k) for k in range(3))
+    crb, cwb = (_of_group("csets", k) for k in range(2))
 
     def turn(self) -> None:
         self.i += 1

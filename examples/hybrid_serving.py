@@ -262,3 +262,20 @@ def compare(a: Logits, b: Logits) -> Tuple[int, int]:
     """``(positions both computed, positions whose logits differ in any bit)``."""
     common = sorted(set(a) & set(b))
     return len(common), sum(not np.array_equal(a[k], b[k]) for k in common)
+
+
+def tp_summary(on: Served, off: Served, alone: Logits) -> Tuple[dict, list, np.ndarray]:
+    """What a tensor-parallel run reports (examples/serve_tp_*.py): the cached (``on``)
+    against the uncached run (``off``) and the logits of every position against the
+    whole model's run alone (``alone``, tp = 1). Returns the summary, the positions in
+    order and the cached run's logits stacked in that order (fp32 ``[positions, vocab]``)."""
+    common, differ = compare(on.logits, off.logits)
+    keys = sorted(on.logits)
+    mine, ref = (np.stack([d[k] for k in keys]) for d in (on.logits, alone))
+    return {
+        "positions": len(keys), "hit_tokens": sum(on.hit_tokens.values()),
+        "cached_equals_uncached": differ == 0 and common > 0, "compared": common,
+        "max_abs_diff_vs_tp1": float(np.max(np.abs(mine - ref))),
+        "max_abs_logit": float(np.max(np.abs(ref))),
+        "bitwise_equal_to_tp1": int(np.sum(np.all(mine == ref, axis=1))),
+    }, keys, mine

@@ -46,7 +46,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from hybrid_jax import load_weights, new_pools, serving_step, single_row
     from hybrid_model import GPU, TINY, init_weights, shard
-    from hybrid_serving import compare, multi_turn_workload, serve
+    from hybrid_serving import multi_turn_workload, serve, tp_summary
 
     from mamba_align.backends import jax as mj
     warnings.filterwarnings("ignore", message=".*donat")
@@ -80,18 +80,9 @@ def main() -> None:
         jax.block_until_ready(step.carry)
         if mj.errors(step.carry["state"]):
             raise SystemExit(f"faults: {mj.errors(step.carry['state'])}")
-    on, off = runs[True], runs[False]
-    common, differ = compare(on.logits, off.logits)
-    keys = sorted(on.logits)
-    mine, ref = (np.stack([d[k] for k in keys]) for d in (on.logits, alone))
-    summary = {
-        "tp": args.tp, "devices": [str(d) for d in devices], "model": "GPU" if gpu else "TINY",
-        "positions": len(keys), "hit_tokens": sum(on.hit_tokens.values()),
-        "cached_equals_uncached": differ == 0 and common > 0, "compared": common,
-        "max_abs_diff_vs_tp1": float(np.max(np.abs(mine - ref))),
-        "max_abs_logit": float(np.max(np.abs(ref))),
-        "bitwise_equal_to_tp1": int(np.sum(np.all(mine == ref, axis=1))),
-    }
+    result, keys, mine = tp_summary(runs[True], runs[False], alone)
+    summary = {"tp": args.tp, "devices": [str(d) for d in devices],
+               "model": "GPU" if gpu else "TINY", **result}
     print(json.dumps(summary, indent=1))
     if args.out is not None:
         args.out.write_text(json.dumps(summary, indent=1) + "\n")

@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hybrid_model import GPU, TINY, init_weights, shard  # noqa: E402
-from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
+from hybrid_serving import multi_turn_workload, serve, tp_summary  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")
 B, S = 4, 2
@@ -76,23 +76,13 @@ def main() -> None:
         runs[caching] = serve(part_cfg, workload, outputs, step, block_size=B, num_spec=S,
                               num_blocks=48, caching=caching)
         runner.raise_errors()
-    on, off = runs[True], runs[False]
-    common, differ = compare(on.logits, off.logits)
-    keys = sorted(on.logits)
-    mine = np.stack([on.logits[k] for k in keys])
+    result, keys, mine = tp_summary(runs[True], runs[False], alone)
     gathered = [torch.zeros_like(torch.from_numpy(mine)) for _ in range(tp)]
     dist.all_gather(gathered, torch.from_numpy(mine))  # gloo: host tensors
     ranks_agree = all(torch.equal(g, gathered[0]) for g in gathered)
-    ref = np.stack([alone[k] for k in keys])
-    summary = {
-        "tp": tp, "device": str(dev), "model": "GPU" if cuda else "TINY",
-        "positions": len(keys), "hit_tokens": sum(on.hit_tokens.values()),
-        "cached_equals_uncached": differ == 0 and common > 0, "compared": common,
-        "ranks_agree": ranks_agree,  # (a token other than tp = 1's: serve has raised)
-        "max_abs_diff_vs_tp1": float(np.max(np.abs(mine - ref))),
-        "max_abs_logit": float(np.max(np.abs(ref))),
-        "bitwise_equal_to_tp1": int(np.sum(np.all(mine == ref, axis=1))),
-    }
+    # (a token other than tp = 1's: serve has raised)
+    summary = {"tp": tp, "device": str(dev), "model": "GPU" if cuda else "TINY",
+               "ranks_agree": ranks_agree, **result}
     if rank == 0:
         print(json.dumps(summary, indent=1))
         if args.out is not None:
