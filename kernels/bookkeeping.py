@@ -108,15 +108,20 @@ def postprocess_kernel(
     WIDTH: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
-    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
-    sole = live & ~dup  # the slot's state is read only by a row that owns it alone
-    col = tl.load(state_idx_ptr + slot, mask=sole, other=-1).to(tl.int64)
-    acc_old = tl.load(acc_ptr + slot, mask=sole, other=-1).to(tl.int64)
-    nc = tl.load(num_computed_ptr + slot, mask=sole, other=0).to(tl.int64)
+    # loaded before the duplicate check (which then runs while the loads are in flight),
+    # used only by a row that owns the slot alone
+    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
+    acc_old = tl.load(acc_ptr + slot, mask=live, other=-1).to(tl.int64)
+    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
+    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
+    sole = live & ~dup
+    col = tl.where(sole, col, -1)
+    acc_old = tl.where(sole, acc_old, -1)
+    nc = tl.where(sole, nc, 0)
     spec = spec_flag != 0
     # a faulty slot (acc = 0) was flagged when it became faulty: its rows are skipped,
     # silently; a step in flight has acc < 0 (preprocess negates it)

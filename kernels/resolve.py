@@ -66,20 +66,24 @@ def preprocess_resolve_kernel(
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only.
     # Everything is decided before anything is stored, so a faulty row stores nothing.
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
-    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
+    # the slot's state is loaded before the duplicate check, so that the check runs while
+    # the loads are in flight, but used only by a row that owns the slot alone (another
+    # program may be marking a duplicated slot faulty)
+    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
+    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
+    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
+    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
+    sole = live & ~dup
+    col = tl.where(sole, col, -1)
+    acc = tl.where(sole, acc, 1)
+    nc = tl.where(sole, nc, 0)
     spec = spec_flag != 0
     fault |= tl.where(live & (spec_flag != 0) & (spec_flag != 1), BAD_IS_SPEC, 0)
     # no tokens, or more candidates than the window holds
     fault |= tl.where(live & ((q < 1) | (spec & (q > WIN))), BAD_QUERY_LEN, 0)
-    # the slot's state, read only by a row that owns it alone (another program may be
-    # marking a duplicated slot faulty)
-    sole = live & ~dup
-    col = tl.load(state_idx_ptr + slot, mask=sole, other=-1).to(tl.int64)
-    acc = tl.load(acc_ptr + slot, mask=sole, other=1).to(tl.int64)
-    nc = tl.load(num_computed_ptr + slot, mask=sole, other=0).to(tl.int64)
     # acc < 0: the slot's last step was never postprocessed; 0: a fault left it faulty
     fault |= tl.where(sole & (acc == 0), FAULTY_SLOT, 0)
     fault |= tl.where(sole & (acc < 0), STEP_ORDER, 0)
