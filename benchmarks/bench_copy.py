@@ -11,7 +11,8 @@ For each batch size B, B rows copy a random source block into a random destinati
 - both of our launches back to back (the whole pre-copy);
 - then, with the torch pools freed, the same copies in JAX on the same ids: our kernels
   through ``mamba_align.backends.jax.ops`` vs the ``p.at[:, dst].set(p[:, src])`` scatter a
-  JAX user would write, each in a ``jax.jit`` with the pool donated (updated in place).
+  JAX user would write, each in a ``jax.jit`` with the pool and the error flag donated
+  (updated in place).
 
 Bytes moved = read + write of the data copied (``2 * B * L * block_bytes``; for the conv
 pool the ``W - 1`` rows that move). Times are ``triton.testing.do_bench`` medians; the
@@ -295,9 +296,10 @@ def show(r: Dict[str, Any]) -> None:
 def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple],
             records: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The same copies in JAX (pools ``jnp.zeros``, src blocks filled with random values per
-    batch): ours (jax-triton) vs an XLA scatter, both jitted with the pool donated. Appends
-    ``timing="jax-host"`` records and, on the GPU, ``timing="jax-device"`` ones (GPU busy
-    time from a profiler trace); returns header fields (empty when JAX is unavailable)."""
+    batch): ours (jax-triton) vs an XLA scatter, both jitted with the pool and the error
+    flag donated. Appends ``timing="jax-host"`` records and, on the GPU, ``timing="jax-device"``
+    ones (GPU busy time from a profiler trace, and what it is made of); returns header
+    fields (empty when JAX is unavailable)."""
     try:
         import jax
         import jax.numpy as jnp
@@ -325,11 +327,15 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     same_t = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d]), saved))
     saved_c = jax.jit(lambda p, s: bitcast(p[:, s, 1:]))
     same_c = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d, : w - 1]), saved))
-    clear = jnp.array([0, 2**31 - 1], jnp.int32)  # the error flag (clear: the ids are good)
-    ours_t = jit_d(lambda p, s, d: jops.copy_temporal(p, clear, s, d)["pool"])
-    xla_t = jit_d(lambda p, s, d: p.at[:, d].set(p[:, s]))
-    ours_c = jit_d(lambda p, s, d, b: jops.copy_conv(p, clear, s, d, b, layout="SD")["pool"])
-    xla_c = jit_d(lambda p, s, d: p.at[:, d, : w - 1].set(p[:, s, 1:]))
+    # Every timed call takes and returns (pool, error flag), both donated, as a serving loop
+    # threads them: a flag made inside the jitted function would be a constant, which the
+    # in-place custom call cannot write, so XLA would copy it on every call.
+    clear = [0, 2**31 - 1]  # the error flag, clear (the ids are good)
+    both = lambda out: (out["pool"], out["errors"])  # noqa: E731
+    ours_t = jit_d(lambda c, s, d: both(jops.copy_temporal(c[0], c[1], s, d)))
+    xla_t = jit_d(lambda c, s, d: (c[0].at[:, d].set(c[0][:, s]), c[1]))
+    ours_c = jit_d(lambda c, s, d, b: both(jops.copy_conv(c[0], c[1], s, d, b, layout="SD")))
+    xla_c = jit_d(lambda c, s, d: (c[0].at[:, d, : w - 1].set(c[0][:, s, 1:]), c[1]))
 
     pools = {"temporal": jnp.zeros((L, nb, *args.temporal_block), jnp.float32),
              "conv": jnp.zeros((L, nb, *args.conv_block), jnp.bfloat16)}
@@ -351,19 +357,24 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
             pools[pool] = seed(pools[pool], src, jax.random.fold_in(key, b))
             save, same = checks[pool]
             saved = save(pools[pool], src)
-            pools[pool] = methods[0][1](pools[pool])
-            if not bool(same(pools[pool], dst, saved)):
+            carry = methods[0][1]((pools[pool], jnp.array(clear, jnp.int32)))
+            if not bool(same(carry[0], dst, saved)):
                 raise SystemExit(f"JAX copy of the {pool} pool is WRONG for B={b}")
             del saved
             nbytes = 2 * b * L * (t_bytes if pool == "temporal" else c_moved)
             for method, fn in methods:
-                ms, pools[pool] = host_ms(fn, pools[pool], jax.block_until_ready, **timer)
+                ms, carry = host_ms(fn, carry, jax.block_until_ready, **timer)
                 records.append(record(method, pool, b, L, nbytes, ms, "jax-host"))
                 show(records[-1])
                 if cuda:  # the GPU's busy time per call, from a profiler trace
-                    ms, pools[pool], _ = device_ms(fn, pools[pool], n=10)
+                    ms, carry, by_name = device_ms(fn, carry, n=10)
                     records.append(record(method, pool, b, L, nbytes, ms, "jax-device"))
+                    records[-1]["ms_by_activity"] = by_name  # what the busy time is made of
                     show(records[-1])
+            if carry[1].tolist() != clear:
+                raise SystemExit(f"JAX copies of the {pool} pool flagged faults: {carry[1]}")
+            pools[pool] = carry[0]
+            del carry
     del pools
     try:
         from importlib.metadata import version
@@ -372,7 +383,8 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
         jt = None
     return {"jax": jax.__version__, "jax_triton": jt, "jax_backend": jax.default_backend(),
             "jax_timer": "jax-host: perf_counter around back-to-back jitted calls (pool "
-                         "donated), block_until_ready on the last output; median per-call "
+                         "and error flag donated), block_until_ready on the last output; "
+                         "median per-call "
                          "time of " + ("2 repetitions (CPU smoke run)" if args.small else
                                        "5 repetitions of >= 20 calls and >= 50 ms")}
 

@@ -1,4 +1,5 @@
-"""One change to Triton's CPU interpreter, for the kernels' speed in it (CPU runs only).
+"""Two changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
+it, one for NumPy 2.5.
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch
 starts and restores them when it ends. A call of a ``@triton.jit`` helper from inside a
@@ -8,7 +9,13 @@ sets the tensor methods it sets again to equivalent ones, which nothing restores
 cProfile it was 38 % of a served model step in the interpreter (benchmarks/README.md).
 :func:`install` makes a helper called during a launch skip that when every
 ``triton.language`` module it sees is swapped; the launch's own swap, and helpers that see
-a module that is not swapped, go through Triton's code. Written for Triton 3.6.
+a module that is not swapped, go through Triton's code.
+
+The interpreter holds a scalar argument as a one-element array and gives tensors an
+``__index__`` that calls ``int`` on it (``range(0, n, BLOCK)`` over a scalar ``n`` does),
+which NumPy 2.5 refuses for arrays of one dimension (deprecated since 1.25). Every swap
+:func:`install` lets through sets an ``__index__`` that takes the one element first.
+Written for Triton 3.6.
 """
 
 from __future__ import annotations
@@ -25,8 +32,15 @@ def _swapped(module) -> bool:
     return not tl.core.is_builtin(module.load)
 
 
+def _index(self) -> int:
+    """A tensor's ``__index__`` in the interpreter: its one element (a scalar argument is a
+    one-element array; ``.item()`` refuses any other size)."""
+    return int(self.handle.data.item())
+
+
 def install() -> bool:
-    """Make helper calls during a launch skip the redundant swap; ``False`` if this
+    """Make helper calls during a launch skip the redundant swap, and every swap set
+    :func:`_index` as the tensors' ``__index__``; ``False`` if this
     Triton's interpreter is not the one this was written for (nothing changed), or it is
     already installed."""
     patch = getattr(_interpreter, "_patch_lang", None)
@@ -47,7 +61,10 @@ def install() -> bool:
             launching.fresh = False  # the launch's own swap
         elif getattr(launching, "depth", 0) and langs and all(_swapped(m) for m in langs):
             return scope()  # a helper inside a launch: nothing to swap, nothing to restore
-        return patch_lang.original(fn)
+        swap = patch_lang.original(fn)
+        for lang in langs:  # restored with the rest of the swap
+            swap.set_attr(lang.tensor, "__index__", _index)
+        return swap
 
     run = launcher.__call__
 

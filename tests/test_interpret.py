@@ -1,10 +1,12 @@
-"""The one change the package makes to Triton's CPU interpreter (kernels/interpret.py): a
+"""The two changes the package makes to Triton's CPU interpreter (kernels/interpret.py): a
 ``@triton.jit`` helper called during a launch skips re-swapping ``triton.language``, which
-the launch has swapped already; launches themselves go through Triton's own code. That
-the kernels compute the same bits with it is the rest of the suite (every kernel against
-its reference, in the interpreter)."""
+the launch has swapped already; launches themselves go through Triton's own code. And a
+tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. That the kernels
+compute the same bits with them is the rest of the suite (every kernel against its
+reference, in the interpreter)."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -36,6 +38,14 @@ def _twice_plus_one(ptr):
 @triton.jit
 def _calls_a_helper_wrongly(ptr):
     tl.store(ptr, _plus_one())
+
+
+@triton.jit
+def _count_to(ptr, n):
+    total = 0
+    for _ in range(0, n, 2):  # a scalar argument as a loop bound: its __index__
+        total += 1
+    tl.store(ptr, total)
 
 
 @pytest.fixture
@@ -88,3 +98,14 @@ def test_outside_a_launch_the_swap_is_triton_own(swaps):
     finally:
         scope.restore()
     assert tl.core.is_builtin(tl.load)
+
+
+def test_a_scalar_argument_bounds_a_loop_without_numpy_scalar_conversion():
+    # Triton's own __index__ converts a one-element array to int: deprecated since NumPy
+    # 1.25 (a DeprecationWarning, made an error here), a TypeError from NumPy 2.5
+    x = torch.zeros(1, dtype=torch.int32)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Conversion of an array", category=DeprecationWarning)
+        _count_to[(1,)](x, 7)
+    assert x.item() == 4
+    assert not hasattr(tl.tensor, "__index__")  # restored with the rest of the swap
