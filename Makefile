@@ -49,6 +49,8 @@ gpu-setup:
 	python3 -c "import einops, fla; print('fla', fla.__version__)"
 	mkdir -p $(OUT)
 	nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $(OUT)/gpu_info.txt
+	python3 -c "import numpy, torch, triton, jax; print('numpy', numpy.__version__, 'torch', \
+	  torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)" >> $(OUT)/gpu_info.txt
 
 # the suite in three parts, each of which fits one 600 s device call (gpu-test: all three)
 GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py tests/test_gdn.py \

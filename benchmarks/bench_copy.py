@@ -328,7 +328,7 @@ def run_jax(args: argparse.Namespace, cuda: bool, nb: int, ids: Dict[int, tuple]
     saved_c = jax.jit(lambda p, s: bitcast(p[:, s, 1:]))
     same_c = jax.jit(lambda p, d, saved: jnp.array_equal(bitcast(p[:, d, : w - 1]), saved))
     # Every timed call takes and returns (pool, error flag), both donated, as a serving loop
-    # threads them: a flag made inside the jitted function would be a constant, which the
+    # threads them: a flag captured by the jitted function would be a constant, which the
     # in-place custom call cannot write, so XLA would copy it on every call.
     clear = [0, 2**31 - 1]  # the error flag, clear (the ids are good)
     both = lambda out: (out["pool"], out["errors"])  # noqa: E731

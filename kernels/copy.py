@@ -45,7 +45,8 @@ def copy_temporal_kernel(
     # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows.
     # The program copies its tile of its layer for each row of its group that copies, and
     # visits only those rows: a few copying rows among many still spread over all tiles
-    # and layers, and a launch in which no row copies is one vector load per program.
+    # and layers, and a launch in which no row copies is two vector loads per program (the
+    # source and destination ids, both checked).
     tile = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)

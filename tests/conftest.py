@@ -3,11 +3,23 @@
 Triton's interpreter must be chosen before triton is first imported; without a GPU the
 kernel tests run through it. Hypothesis runs without deadlines: the interpreter and the
 2-core CI machine make per-example times noisy.
+
+NumPy's deprecated conversion of a one-element array to a Python scalar is an error here,
+in this process and in the scripts the tests start: NumPy 2.5 makes it one, and Triton's
+interpreter made it (kernels/interpret.py), so the suite fails on it whatever NumPy is
+installed.
 """
 
 import os
 import pathlib
 import shutil
+import warnings
+
+_SCALAR_CONVERSION = "error:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning"
+warnings.filterwarnings("error", message="Conversion of an array with ndim > 0 to a scalar",
+                        category=DeprecationWarning)
+os.environ["PYTHONWARNINGS"] = ",".join(
+    w for w in (os.environ.get("PYTHONWARNINGS"), _SCALAR_CONVERSION) if w)
 
 if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("TRITON_INTERPRET", "1")

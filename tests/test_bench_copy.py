@@ -1,13 +1,17 @@
-"""The copy benchmark's CPU smoke run (``--small``, Triton's interpreter): it runs, checks
-every copy it times (torch and JAX, the error flag clear afterwards), and writes its
-records."""
+"""The copy benchmark's smoke run (``--small``: Triton's interpreter on the CPU, tiny pools
+compiled on a GPU): it runs, checks every copy it times (torch and JAX, the error flag
+clear afterwards), and writes its records and plot."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytest.importorskip("jax", reason="the benchmark's JAX section is part of what is checked")
+pytest.importorskip("matplotlib", reason="the benchmark draws its plot")
 
 
 def test_small_run_checks_and_records_every_method(tmp_path):

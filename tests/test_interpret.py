@@ -48,6 +48,19 @@ def _count_to(ptr, n):
     tl.store(ptr, total)
 
 
+@triton.jit
+def _steps(n):
+    total = 0
+    for _ in range(0, n, 3):  # the same in a helper (as kernels/rows.py's loops are)
+        total += 1
+    return total
+
+
+@triton.jit
+def _count_in_a_helper(ptr, n):
+    tl.store(ptr, _steps(n))
+
+
 @pytest.fixture
 def swaps(monkeypatch):
     """The names of the functions Triton's own swap ran for."""
@@ -107,5 +120,7 @@ def test_a_scalar_argument_bounds_a_loop_without_numpy_scalar_conversion():
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Conversion of an array", category=DeprecationWarning)
         _count_to[(1,)](x, 7)
-    assert x.item() == 4
+        assert x.item() == 4
+        _count_in_a_helper[(1,)](x, 7)
+        assert x.item() == 3
     assert not hasattr(tl.tensor, "__index__")  # restored with the rest of the swap

@@ -1,0 +1,94 @@
+"""Registers and spills of the gated delta rule kernel as ptxas reports them, with no GPU.
+
+Compiles the benchmark's launch (``bench_recurrent.py``'s decode shapes, 64 rows; in-kernel
+gates, q/k l2norm, ``[V, K]`` fp32 state) for sm_90 on the CPU, pointers marked 16-byte
+aligned and integers unmarked as jax-triton launches it. Then it runs the ptxas that Triton
+ships (``-arch=sm_90a -v``), with no cap and with each register cap (Triton's ``maxnreg``
+option, which the PTX carries as ``.maxnreg``; ptxas's ``-maxrregcount`` alone changed
+nothing). The windows: 1 + S = 4 write blocks (the spec-capable
+step the benchmark launches) and 1.
+
+Usage::
+
+    python benchmarks/ptxas_regs.py [--caps 96 80 72 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import mamba_align.kernels as K  # noqa: E402
+
+POINTERS = {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "errors": "*i32",
+            "cu_seqlens": "*i32", "read_block": "*i32", "write_blocks": "*i32",
+            "is_spec": "*i32"}  # the rest: bf16 q, k, v, a, b, o
+
+
+def gdn_plan(rows: int, win: int) -> K.LaunchPlan:
+    spec = K.ArraySpec.row_major
+    ids, bf = spec((rows,), "int32"), "bfloat16"
+    return K.plan_gated_delta_rule_fused_gates(
+        spec((2, 9, 32, 128, 128), "float32"), spec((2,), "int32"), spec((rows, 16, 128), bf),
+        spec((rows, 16, 128), bf), spec((rows, 32, 128), bf), spec((rows, 32), bf),
+        spec((rows, 32), bf), spec((32,), "float32"), spec((32,), "float32"),
+        spec((rows + 1,), "int32"), ids, spec((rows, win), "int32"), ids, layer=1, scale=0.0,
+        use_qk_l2norm=True, layout="VK")
+
+
+def ptx(plan: K.LaunchPlan, cap: int = 0) -> str:
+    """The kernel's PTX; ``cap``: Triton's ``maxnreg`` (a ``.maxnreg`` directive in it)."""
+    names = plan.kernel.arg_names
+
+    def ty(n: str) -> str:
+        if n in plan.constexprs:
+            return "constexpr"
+        if not n.endswith("_ptr"):
+            return "fp32" if n == "scale" else "i32"
+        return POINTERS.get(n[:-4].replace("_in", ""), "*bf16")
+
+    src = ASTSource(fn=plan.kernel, signature={n: ty(n) for n in names},
+                    constexprs=dict(plan.constexprs),
+                    attrs={(names.index(n),): [["tt.divisibility", 16]]
+                           for n in names if n.endswith("_ptr")})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": plan.num_warps,
+                                   **({"maxnreg": cap} if cap else {})}).asm["ptx"]
+
+
+def ptxas(code: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.ptx")
+        with open(path, "w") as f:
+            f.write(code)
+        r = subprocess.run([tool, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+                           capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    return f"{regs} registers, spill stores {spill.group(1)} B, loads {spill.group(2)} B"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--caps", type=int, nargs="*", default=[96, 80, 72, 64])
+    args = ap.parse_args()
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    print(f"triton {triton.__version__}; {version.strip().splitlines()[-2]}")
+    for win in (4, 1):
+        for cap in [0] + args.caps:
+            print(f"window {win}, cap {cap or 'none':>4}: {ptxas(ptx(gdn_plan(64, win), cap))}")
+
+
+if __name__ == "__main__":
+    main()
