@@ -45,36 +45,40 @@ def copy_temporal_kernel(
     # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows.
     # The program copies its tile of its layer for each row of its group that copies, and
     # visits only those rows: a few copying rows among many still spread over all tiles
-    # and layers, and a launch in which no row copies is two vector loads per program (the
-    # source and destination ids, both checked).
+    # and layers, and a launch in which no row copies is one vector load per program (the
+    # sources; a row's destination is read when the row is visited). One program per row
+    # group also reads the destinations, to flag the group's bad ids.
     tile = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     in_batch = rows < num_rows
     src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
-    dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
-    bad = in_batch & ((src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks))
-    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):  # one program per row group flags
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
+        dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
+        bad = in_batch & ((src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks))
         flag(errors_ptr, rows, tl.where(bad, BAD_COPY, 0))
-    ok = in_batch & (src >= 0) & (dst >= 0) & ~bad & (src != dst)
+    visit = in_batch & (src >= 0) & (src < num_blocks)
     NONE: tl.constexpr = 1 << 62
-    todo = tl.where(ok, rows, NONE)
+    todo = tl.where(visit, rows, NONE)
     offs = tile * TILE + tl.arange(0, TILE)
-    for _ in range(tl.sum(ok.to(tl.int32))):
-        row = tl.min(todo)  # the next row that copies
+    for _ in range(tl.sum(visit.to(tl.int32))):
+        row = tl.min(todo)  # the next row with a source
         todo = tl.where(todo == row, NONE, todo)
-        src_at = layer * layer_stride + tl.load(src_ptr + row).to(tl.int64) * block_stride
-        dst_at = layer * layer_stride + tl.load(dst_ptr + row).to(tl.int64) * block_stride
-        if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
-            src_at = tl.multiple_of(src_at, ALIGN)
-            dst_at = tl.multiple_of(dst_at, ALIGN)
-        if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
-            x = tl.load(pool_ptr + src_at + offs, eviction_policy="evict_first")
-            tl.store(pool_ptr + dst_at + offs, x, cache_modifier=".cs")
-        else:
-            mask = offs < block_numel
-            x = tl.load(pool_ptr + src_at + offs, mask=mask, eviction_policy="evict_first")
-            tl.store(pool_ptr + dst_at + offs, x, mask=mask, cache_modifier=".cs")
+        s = tl.load(src_ptr + row).to(tl.int64)
+        d = tl.load(dst_ptr + row).to(tl.int64)
+        if (d >= 0) & (d < num_blocks) & (d != s):  # -1, a bad id or itself: no copy
+            src_at = layer * layer_stride + s * block_stride
+            dst_at = layer * layer_stride + d * block_stride
+            if ALIGN > 1:  # see plan_copy_temporal: the launcher may not have told the compiler
+                src_at = tl.multiple_of(src_at, ALIGN)
+                dst_at = tl.multiple_of(dst_at, ALIGN)
+            if EVEN:  # whole tiles: no mask, so nothing stops 16-byte accesses
+                x = tl.load(pool_ptr + src_at + offs, eviction_policy="evict_first")
+                tl.store(pool_ptr + dst_at + offs, x, cache_modifier=".cs")
+            else:
+                mask = offs < block_numel
+                x = tl.load(pool_ptr + src_at + offs, mask=mask, eviction_policy="evict_first")
+                tl.store(pool_ptr + dst_at + offs, x, mask=mask, cache_modifier=".cs")
 
 
 @triton.jit
