@@ -34,99 +34,28 @@ Writes ``copy_h200.json``, ``copy_h200.md`` and ``copy_h200.png`` under ``--out`
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
-
 import argparse
 import datetime
-import importlib.util
 import json
 import math
-import statistics
-import warnings
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
-
-import torch
+from typing import Any, Dict, List, Optional, Sequence
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from timing import bench_ms, d2d_ceiling, free, host_ms  # noqa: E402  (first: the package)
 from make_benchmarks_md import tables_md  # noqa: E402
 from jax_device_time import device_ms  # noqa: E402
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from mamba_align.backends.torch import ops as tops  # noqa: E402
 
 GIB = 1 << 30
 FEW = 4  # rows that copy in the "few rows cross" decode case
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _import_ops() -> None:
-    """Register ``torch.ops.mamba_align.*`` (this also picks the Triton interpreter when
-    there is no GPU, so it runs before triton is imported). Falls back to loading the
-    repository root as ``mamba_align`` when the package is not installed."""
-    try:
-        import mamba_align.backends.torch  # noqa: F401
-    except ImportError:
-        root = HERE.parent
-        spec = importlib.util.spec_from_file_location(
-            "mamba_align", root / "__init__.py", submodule_search_locations=[str(root)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["mamba_align"] = module
-        spec.loader.exec_module(module)
-        importlib.import_module("mamba_align.backends.torch")
-    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-
-
-_import_ops()
-import triton  # noqa: E402
-from mamba_align.backends.torch import ops as tops  # noqa: E402
-import triton.testing  # noqa: E402
-
-
-# -- timing --------------------------------------------------------------------------------
-def bench_ms(fn: Callable[[], Any], cuda: bool, graph: bool = False) -> float:
-    """Median time of ``fn`` in ms on the GPU: replayed from a CUDA graph (``graph``: device
-    time only, as in a captured serving step) or launched eagerly (host launch cost
-    included when it exceeds the kernel's time). On CPU: a few perf_counter runs."""
-    if cuda and graph:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    if cuda:
-        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    fn()
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
-
-
-def host_ms(step: Callable[[Any], Any], carry: Any, sync: Callable[[Any], Any], reps: int = 5,
-            n0: int = 20, min_s: float = 0.05) -> tuple:
-    """Host-timed median per-call time of ``carry = step(carry)`` in ms, and the last carry.
-
-    One warm-up call (compiles), then ``reps`` repetitions of ``n`` back-to-back calls with
-    ``sync`` (``jax.block_until_ready`` / a device synchronize) on the final output only:
-    with asynchronous dispatch this times whichever is slower, the host dispatch or the
-    device. ``n >= n0`` is chosen so that a repetition takes ``>= min_s`` seconds."""
-    carry = sync(step(carry))
-
-    def timed(n: int, carry: Any) -> tuple:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            carry = step(carry)
-        carry = sync(carry)
-        return time.perf_counter() - t0, carry
-
-    dt, carry = timed(n0, carry)
-    n = max(n0, math.ceil(n0 * min_s / max(dt, 1e-9)))
-    times = []
-    for _ in range(reps):
-        dt, carry = timed(n, carry)
-        times.append(dt / n * 1e3)
-    return statistics.median(times), carry
 
 
 def record(method: str, pool: str, batch: int, layers: int, nbytes: int, ms: float,
@@ -135,27 +64,11 @@ def record(method: str, pool: str, batch: int, layers: int, nbytes: int, ms: flo
             "bytes": nbytes, "ms": ms, "tbps": nbytes / (ms * 1e-3) / 1e12}
 
 
-def free(cuda: bool) -> None:
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-
-
 def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
 # -- the benchmark ---------------------------------------------------------------------------
-def d2d_ceiling(nbytes: int, device: torch.device, cuda: bool) -> Dict[str, Any]:
-    """``b.copy_(a)`` of ``nbytes`` contiguous bytes (2 * nbytes moved); buffers freed."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 256)
-    b = torch.empty_like(a)
-    ms = bench_ms(lambda: b.copy_(a), cuda)
-    del a, b
-    free(cuda)
-    return {"bytes": 2 * nbytes, "ms": ms, "tbps": 2 * nbytes / (ms * 1e-3) / 1e12}
-
-
 def pick_rows(batch: int, num_blocks: int, gen: torch.Generator, device: torch.device):
     ids = torch.randperm(num_blocks, generator=gen)[: 2 * batch].to(device)
     return ids[:batch].contiguous(), ids[batch:].contiguous()

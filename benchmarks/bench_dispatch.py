@@ -7,7 +7,7 @@ so large (2^20) that every step stays in column 0: the copy launches run but cop
 and the step can be repeated as is. Ways:
 
 - ``jax_jit``: one ``jax.jit`` of ``mamba_align.backends.jax.preprocess`` + ``postprocess``
-  (config and mode static, state and pools donated), host timer :func:`bench_copy.host_ms`
+  (config and mode static, state and pools donated), host timer :func:`timing.host_ms`
   (back-to-back calls, ``block_until_ready`` on the last output);
 - ``torch_eager``: ``StateRunner.preprocess`` + ``postprocess``, same host timer with a
   final synchronize;
@@ -48,7 +48,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_copy import host_ms  # noqa: E402  (also makes mamba_align importable)
+from timing import host_ms  # noqa: E402  (also makes mamba_align importable)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402

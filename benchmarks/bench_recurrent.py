@@ -47,7 +47,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_copy import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
+from timing import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
 from recurrent_cases import (Case, check, conv_bytes, load_fla, np32, retune_fla_conv,  # noqa: E402
                              shapes, state_bytes)
 from recurrent_report import plot, table  # noqa: E402

@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE))
-import bench_copy  # noqa: E402,F401  (makes mamba_align importable from a checkout)
+import timing  # noqa: E402,F401  (makes mamba_align importable from a checkout)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

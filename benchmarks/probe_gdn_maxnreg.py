@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 def variant(cap: Optional[int]) -> List[Dict[str, Any]]:
     """Time decode and spec at B = 1, 64, 256 with the GDN kernels capped at ``cap``."""
     sys.path.insert(0, str(HERE))
-    from bench_copy import bench_ms  # noqa: E402  (makes mamba_align importable)
+    from timing import bench_ms  # noqa: E402  (makes mamba_align importable)
     from recurrent_cases import Case, check, load_fla, shapes, state_bytes  # noqa: E402
     import torch
 
