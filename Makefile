@@ -76,8 +76,9 @@ gpu-fuzz: gpu-setup
 # recurrences), racecheck over the copies and the conv update (the in-place conv shift and
 # window among them; racecheck sees shared memory only): both must be clean. racecheck over
 # the gated delta rule is logged, not required: it reports shared-memory write-write
-# hazards in the one-warp kernel's layout conversion: every lane of the warp stores the same
-# bits to one shared address in one instruction (the PTX, benchmarks/README.md).
+# hazards in the one-warp kernel's layout conversion. Its PTX shows every lane of the warp
+# storing the same bits to one shared address in one instruction (benchmarks/README.md;
+# read from the code, racecheck not rerun on the current kernel).
 SANITIZE_ENV := PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform
 SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \

@@ -1,8 +1,8 @@
 """Probe (GPU, torch only): does a register cap speed up the gated delta rule?
 
-ptxas gives the kernel 96-112 registers per thread, which lets 17-18 of its one-warp
-programs onto an SM. Compiled on the CPU with a cap (Triton's ``maxnreg``), it needs no
-spill down to 72 registers (benchmarks/README.md, "Registers are ptxas's choice"). This
+ptxas gives the kernel about 96 registers per thread at the benchmark's 64-row launch,
+which lets 21 of its one-warp programs onto an SM. Compiled on the CPU with a cap
+(Triton's ``maxnreg``), it needs no spill down to 72 registers (28 programs) (benchmarks/README.md, "Registers are ptxas's choice"). This
 probe times the benchmark's decode and spec cases (``recurrent_cases.Case``, CUDA-graph
 replay) with no cap and with each cap in ``--caps``. Each variant runs in its own process,
 and each checks its output against the float64 reference before it is timed. Each process
@@ -16,7 +16,9 @@ Usage (GPU machine, after ``make gpu-setup``)::
 
     python benchmarks/probe_gdn_maxnreg.py [--caps 96 80 72 64] [--out DIR]
 
-Prints one line per case and writes ``probe_gdn_maxnreg_h200.json`` under ``--out``.
+Prints one line per case and writes ``probe_gdn_maxnreg_h200.json`` under ``--out``. At
+B = 1 Triton makes the integer arguments equal to 1 constants, so that binary is not the
+64-row one (its registers are printed).
 """
 
 from __future__ import annotations
@@ -46,12 +48,18 @@ def variant(cap: Optional[int]) -> List[Dict[str, Any]]:
             if cap is not None:
                 kwargs["maxnreg"] = cap
             out = _run(*args, **kwargs)
-            compiled["regs"], compiled["spills"] = out.n_regs, out.n_spills
+            # n_spills is the local memory per thread in 4-byte words (Triton's driver)
+            compiled["regs"], compiled["local_bytes"] = out.n_regs, 4 * out.n_spills
+            if cap is not None and out.n_regs > cap:
+                raise SystemExit(f"the cap {cap} did not apply: {out.n_regs} registers")
             return out
         kernel.run = run
 
     s, dev = shapes(False), torch.device("cuda")
-    fused = load_fla()[0]
+    fla = load_fla()
+    if fla is None:
+        raise SystemExit("fla-core is needed for the yardstick (the .whl/ wheels)")
+    fused = fla[0]
     gen = torch.Generator().manual_seed(0)
     rows = []
     for T, spec, label in ((1, False, "decode"), (1 + s["S"], True, "spec")):
@@ -99,8 +107,10 @@ def main() -> None:
         for x in got:
             print(f"cap={x['cap']} {x['case']:6s} B={x['batch']:3d} {x['ms'] * 1e3:7.1f} us "
                   f"{x['tbps']:5.2f} TB/s  fla {x['fla_ms'] * 1e3:7.1f} us  regs {x['regs']} "
-                  f"spills {x['spills']}")
-        rows += got or [{"cap": cap or None, "error": r.stderr[-500:]}]
+                  f"local {x['local_bytes']} B")
+        rows += got
+        if r.returncode:  # kept beside whatever rows the variant printed before it failed
+            rows.append({"cap": cap or None, "error": r.stderr[-500:]})
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "probe_gdn_maxnreg_h200.json").write_text(json.dumps(rows, indent=1))
 

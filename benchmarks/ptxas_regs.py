@@ -1,8 +1,10 @@
 """Registers and spills of the gated delta rule kernel as ptxas reports them, with no GPU.
 
 Compiles the benchmark's launch (``bench_recurrent.py``'s decode shapes, 64 rows; in-kernel
-gates, q/k l2norm, ``[V, K]`` fp32 state) for sm_90 on the CPU, pointers marked 16-byte
-aligned and integers unmarked as jax-triton launches it. Then it runs the ptxas that Triton
+gates, q/k l2norm, ``[V, K]`` fp32 state, int64 ids as ``recurrent_cases.Case`` makes them)
+for sm_90 on the CPU, pointers marked 16-byte aligned and integers unmarked (what both
+launchers give these kernels, kernels/jit.py). Batch-size-1 launches differ: Triton makes
+an integer argument equal to 1 a constant. Then it runs the ptxas that Triton
 ships (``-arch=sm_90a -v``), with no cap and with each register cap (Triton's ``maxnreg``
 option, which the PTX carries as ``.maxnreg``; ptxas's ``-maxrregcount`` alone changed
 nothing). The windows: 1 + S = 4 write blocks (the spec-capable
@@ -29,19 +31,20 @@ from triton.compiler import ASTSource  # noqa: E402
 
 import mamba_align.kernels as K  # noqa: E402
 
+# as recurrent_cases.Case makes them: int64 ids (torch.arange, randperm, full), int32 flag
 POINTERS = {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "errors": "*i32",
-            "cu_seqlens": "*i32", "read_block": "*i32", "write_blocks": "*i32",
-            "is_spec": "*i32"}  # the rest: bf16 q, k, v, a, b, o
+            "cu_seqlens": "*i64", "read_block": "*i64", "write_blocks": "*i64",
+            "is_spec": "*i64"}  # the rest: bf16 q, k, v, a, b, o
 
 
 def gdn_plan(rows: int, win: int) -> K.LaunchPlan:
     spec = K.ArraySpec.row_major
-    ids, bf = spec((rows,), "int32"), "bfloat16"
+    ids, bf = spec((rows,), "int64"), "bfloat16"
     return K.plan_gated_delta_rule_fused_gates(
         spec((2, 9, 32, 128, 128), "float32"), spec((2,), "int32"), spec((rows, 16, 128), bf),
         spec((rows, 16, 128), bf), spec((rows, 32, 128), bf), spec((rows, 32), bf),
         spec((rows, 32), bf), spec((32,), "float32"), spec((32,), "float32"),
-        spec((rows + 1,), "int32"), ids, spec((rows, win), "int32"), ids, layer=1, scale=0.0,
+        spec((rows + 1,), "int64"), ids, spec((rows, win), "int64"), ids, layer=1, scale=0.0,
         use_qk_l2norm=True, layout="VK")
 
 

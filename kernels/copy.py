@@ -46,8 +46,8 @@ def copy_temporal_kernel(
     # The program copies its tile of its layer for each row of its group that copies, and
     # visits only those rows: a few copying rows among many still spread over all tiles
     # and layers, and a launch in which no row copies is one vector load per program (the
-    # sources; a row's destination is read when the row is visited). One program per row
-    # group also reads the destinations, to flag the group's bad ids.
+    # sources; a row's destination is read when the row is visited), two in the one
+    # program per row group that also reads the destinations, to flag the group's bad ids.
     tile = tl.program_id(0).to(tl.int64)
     layer = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
