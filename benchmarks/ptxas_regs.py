@@ -26,10 +26,9 @@ import tempfile
 os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 import mamba_align.kernels as K  # noqa: E402
+from mamba_align.kernels.codegen import compile_ptx  # noqa: E402
 
 # as recurrent_cases.Case makes them: int64 ids (torch.arange, randperm, full), int32 flag
 POINTERS = {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "errors": "*i32",
@@ -50,22 +49,10 @@ def gdn_plan(rows: int, win: int) -> K.LaunchPlan:
 
 def ptx(plan: K.LaunchPlan, cap: int = 0) -> str:
     """The kernel's PTX; ``cap``: Triton's ``maxnreg`` (a ``.maxnreg`` directive in it)."""
-    names = plan.kernel.arg_names
-
-    def ty(n: str) -> str:
-        if n in plan.constexprs:
-            return "constexpr"
-        if not n.endswith("_ptr"):
-            return "fp32" if n == "scale" else "i32"
-        return POINTERS.get(n[:-4].replace("_in", ""), "*bf16")
-
-    src = ASTSource(fn=plan.kernel, signature={n: ty(n) for n in names},
-                    constexprs=dict(plan.constexprs),
-                    attrs={(names.index(n),): [["tt.divisibility", 16]]
-                           for n in names if n.endswith("_ptr")})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": plan.num_warps,
-                                   **({"maxnreg": cap} if cap else {})}).asm["ptx"]
+    names = [n for n in plan.kernel.arg_names if n not in plan.constexprs]
+    sig = {n: POINTERS.get(n[:-4].replace("_in", ""), "*bf16") if n.endswith("_ptr")
+           else "fp32" if n == "scale" else "i32" for n in names}
+    return compile_ptx(plan, sig, [n for n in names if n.endswith("_ptr")], maxnreg=cap or None)
 
 
 def ptxas(code: str) -> str:

@@ -21,18 +21,11 @@ SCRIPT = r"""
 import json, os, re, sys
 from collections import Counter
 os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import mamba_align.kernels as K
+from mamba_align.kernels.codegen import compile_ptx
 
 def accesses(plan, sig, divisible):
-    names = plan.kernel.arg_names
-    src = ASTSource(fn=plan.kernel, signature={n: sig.get(n, "constexpr") for n in names},
-                    constexprs=dict(plan.constexprs),
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": plan.num_warps}).asm["ptx"]
+    ptx = compile_ptx(plan, sig, divisible)
     return dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
 
 ptrs = ["pool_in_ptr", "errors_in_ptr", "src_ptr", "dst_ptr", "bias_ptr", "pool_ptr",
@@ -89,10 +82,8 @@ def test_copy_kernels_vectorize_whatever_the_launcher(ptx_accesses, pool):
 BOOKKEEPING_SCRIPT = r"""
 import json, os, re
 os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import mamba_align.kernels as K
+from mamba_align.kernels.codegen import compile_ptx
 
 i32 = lambda *shape: K.ArraySpec.row_major(shape, "int32")
 flag = K.ArraySpec.row_major((8,), "bool")
@@ -109,11 +100,9 @@ plans = {
 out = {}
 for name, plan in plans.items():
     names = plan.kernel.arg_names
-    sig = {n: ("*i1" if n.startswith("is_spec") else "*i32") if n.endswith("_ptr")
-           else "constexpr" if n in plan.constexprs else "i32" for n in names}
-    src = ASTSource(fn=plan.kernel, signature=sig, constexprs=dict(plan.constexprs))
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": plan.num_warps}).asm["ptx"]
+    sig = {n: ("*i1" if n.startswith("is_spec") else "*i32") if n.endswith("_ptr") else "i32"
+           for n in names}
+    ptx = compile_ptx(plan, sig)
     out[name] = sorted(set(re.findall(r"atom\.global[\w.]*", ptx)))
 print(json.dumps(out))
 """
@@ -131,10 +120,8 @@ RECURRENT_SCRIPT = r"""
 import json, os, re
 from collections import Counter
 os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import mamba_align.kernels as K
+from mamba_align.kernels.codegen import compile_ptx
 
 spec = K.ArraySpec.row_major
 B, S = 64, 3
@@ -164,13 +151,9 @@ for name, plan in plans.items():
             return types[name][stem]
         return "*i32" if stem in ("errors", "cu_seqlens", "read_block", "write_blocks",
                                   "read_offset", "write_block", "is_spec") else "*bf16"
-    sig = {n: "constexpr" if n in plan.constexprs else ty(n) for n in names}
     # pointers 16-byte aligned, integers unmarked: what jax-triton tells the compiler
-    src = ASTSource(fn=plan.kernel, signature=sig, constexprs=dict(plan.constexprs),
-                    attrs={(names.index(n),): [["tt.divisibility", 16]]
-                           for n in names if n.endswith("_ptr")})
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                         options={"num_warps": plan.num_warps}).asm["ptx"]
+    ptx = compile_ptx(plan, {n: ty(n) for n in names if n not in plan.constexprs},
+                      [n for n in names if n.endswith("_ptr")])
     out[name] = dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
 print(json.dumps(out))
 """
