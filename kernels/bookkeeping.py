@@ -29,8 +29,8 @@ from ..core.faults import index_max
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_step_scalars, next_pow2, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
-                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows, block_at,
-                   duplicated, exceeds, flag)
+                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_ids, batch_rows,
+                   block_at, duplicated, exceeds, flag)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
 #: row of the batch (duplicate slots): more programs share that work (benchmarks/README.md).
@@ -63,8 +63,9 @@ def add_requests_kernel(
     WIDTH: tl.constexpr,
 ):
     i, in_batch, slot, live, fault = batch_rows(slots_ptr, num_new, num_slots, BLOCK)
-    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, CHUNK, WIDTH), DUPLICATE_SLOT,
-                      0)
+    head = batch_ids(slots_ptr, num_new, WIDTH)
+    fault |= tl.where(duplicated(slots_ptr, head, i, slot, live, num_new, CHUNK, WIDTH),
+                      DUPLICATE_SLOT, 0)
     nc = tl.load(num_computed_new_ptr + i, mask=live, other=0).to(tl.int64)
     fault |= tl.where(live & ((nc < 0) | (nc > NC_MAX)), BAD_NUM_COMPUTED, 0)
     ok = live & (fault == 0)
@@ -108,37 +109,36 @@ def postprocess_kernel(
     WIDTH: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
+    head = batch_ids(idx_mapping_ptr, num_rows, WIDTH)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
-    # loaded before the duplicate check (which then runs while the loads are in flight),
-    # used only by a row that owns the slot alone
+    spec = spec_flag != 0
+    # a row whose step cannot have written its candidates as docs/semantics.md §2 says
+    # changes nothing but becoming faulty: no bookkeeping, no copy, no cache column
+    row_fault = tl.where((spec_flag != 0) & (spec_flag != 1), BAD_IS_SPEC, 0)
+    row_fault |= tl.where((q < 1) | (spec & (q > 1 + num_spec)), BAD_QUERY_LEN, 0)
+    row_fault |= tl.where(spec & ((ns < 1) | (ns > q)), BAD_NUM_SAMPLED, 0)
+    # all a row on a duplicated slot is charged with, besides the duplicate
+    own = fault | tl.where(live, row_fault, 0)
+    # The slot's state and blocks are read as if the row owned the slot, and the duplicate
+    # check comes last, so that its compares run while the block loads are in flight. A row
+    # on a duplicated slot keeps nothing of what follows: another program may be marking
+    # that slot faulty meanwhile, so what it reads is only ever an address inside the table.
     col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
     acc_old = tl.load(acc_ptr + slot, mask=live, other=-1).to(tl.int64)
     nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
-    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
-    sole = live & ~dup
-    col = tl.where(sole, col, -1)
-    acc_old = tl.where(sole, acc_old, -1)
-    nc = tl.where(sole, nc, 0)
-    spec = spec_flag != 0
     # a faulty slot (acc = 0) was flagged when it became faulty: its rows are skipped,
     # silently; a step in flight has acc < 0 (preprocess negates it)
-    live = live & (acc_old != 0)
-    sole = sole & live
-    fault |= tl.where(sole & (acc_old > 0), STEP_ORDER, 0)
-    # a row whose step cannot have written its candidates as docs/semantics.md §2 says
-    # changes nothing but becoming faulty: no bookkeeping, no copy, no cache column
-    fault |= tl.where(live & (spec_flag != 0) & (spec_flag != 1), BAD_IS_SPEC, 0)
-    fault |= tl.where(live & ((q < 1) | (spec & (q > 1 + num_spec))), BAD_QUERY_LEN, 0)
-    fault |= tl.where(live & spec & ((ns < 1) | (ns > q)), BAD_NUM_SAMPLED, 0)
-    fault |= tl.where(sole & ((col < -1) | (nc < 0) | (acc_old < -1 - num_spec)),
+    served = live & (acc_old != 0)
+    fault |= tl.where(served, row_fault, 0)
+    fault |= tl.where(served & (acc_old > 0), STEP_ORDER, 0)
+    fault |= tl.where(served & ((col < -1) | (nc < 0) | (acc_old < -1 - num_spec)),
                       INCONSISTENT, 0)
 
     # accept: spec rows keep num_sampled candidates, others a single state
     acc = tl.where(spec, ns, 1)
-    fault |= tl.where(sole & exceeds(nc, tl.where(spec, ns, q), NC_MAX), OVERFLOW, 0)
+    fault |= tl.where(served & exceeds(nc, tl.where(spec, ns, q), NC_MAX), OVERFLOW, 0)
     nc = nc + tl.where(spec, ns, q)
 
     # post-process: the boundary reached by the accepted tokens, if any
@@ -146,7 +146,7 @@ def postprocess_kernel(
     aligned = (nc // block_size) * block_size
     bias = aligned - running
     dest = aligned // block_size - 1
-    hit = live & (fault == 0) & (aligned >= running) & (aligned >= block_size)
+    hit = served & (fault == 0) & (aligned >= running) & (aligned >= block_size)
     # a boundary lands in the running block or the kept one before it (docs/semantics.md
     # §2 step 6); anything else is inconsistent bookkeeping (postprocess called twice?)
     fault |= tl.where(hit & (dest != col) & (dest != col - 1), INCONSISTENT, 0)
@@ -161,6 +161,9 @@ def postprocess_kernel(
                          none)
     csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, none)
     fault |= f_dst | f_t | f_c
+    dup = duplicated(idx_mapping_ptr, head, r, slot, live, num_rows, CHUNK, WIDTH)
+    fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
+    live = tl.where(dup, live, served)
     ok = live & (fault == 0)
     copy = copy & ok
     # the cached block holds the boundary state only if every block of its path exists

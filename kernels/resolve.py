@@ -20,7 +20,8 @@ from .bookkeeping import FAULT_DOC, ROW, check_errors, check_rows, row_launch, s
 from .plan import ArraySpec, LaunchPlan, Op, Output, Static, check_step_scalars, next_pow2
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
-                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds, flag)
+                   OVERFLOW, STEP_ORDER, any_fault, batch_ids, block_at, duplicated, exceeds,
+                   flag)
 from .rows import batch_rows
 
 
@@ -66,29 +67,26 @@ def preprocess_resolve_kernel(
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only.
     # Everything is decided before anything is stored, so a faulty row stores nothing.
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
+    head = batch_ids(idx_mapping_ptr, num_rows, WIDTH)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
-    # the slot's state is loaded before the duplicate check, so that the check runs while
-    # the loads are in flight, but used only by a row that owns the slot alone (another
-    # program may be marking a duplicated slot faulty)
-    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
-    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
-    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
-    fault |= tl.where(dup, DUPLICATE_SLOT, 0)
-    sole = live & ~dup
-    col = tl.where(sole, col, -1)
-    acc = tl.where(sole, acc, 1)
-    nc = tl.where(sole, nc, 0)
     spec = spec_flag != 0
     fault |= tl.where(live & (spec_flag != 0) & (spec_flag != 1), BAD_IS_SPEC, 0)
     # no tokens, or more candidates than the window holds
     fault |= tl.where(live & ((q < 1) | (spec & (q > WIN))), BAD_QUERY_LEN, 0)
+    own = fault  # all a row on a duplicated slot is charged with, besides the duplicate
+    # The slot's state and blocks are read as if the row owned the slot, and the duplicate
+    # check comes last, so that its compares run while the block loads are in flight. A row
+    # on a duplicated slot keeps nothing of what follows: another program may be marking
+    # that slot faulty meanwhile, so what it reads is only ever an address inside the table.
+    col = tl.load(state_idx_ptr + slot, mask=live, other=-1).to(tl.int64)
+    acc = tl.load(acc_ptr + slot, mask=live, other=1).to(tl.int64)
+    nc = tl.load(num_computed_ptr + slot, mask=live, other=0).to(tl.int64)
     # acc < 0: the slot's last step was never postprocessed; 0: a fault left it faulty
-    fault |= tl.where(sole & (acc == 0), FAULTY_SLOT, 0)
-    fault |= tl.where(sole & (acc < 0), STEP_ORDER, 0)
-    fault |= tl.where(sole & ((col < -1) | (nc < 0) | (acc > WIN)), INCONSISTENT, 0)
-    fault |= tl.where(sole & exceeds(nc, q, NC_MAX), OVERFLOW, 0)
+    fault |= tl.where(live & (acc == 0), FAULTY_SLOT, 0)
+    fault |= tl.where(live & (acc < 0), STEP_ORDER, 0)
+    fault |= tl.where(live & ((col < -1) | (nc < 0) | (acc > WIN)), INCONSISTENT, 0)
+    fault |= tl.where(live & exceeds(nc, q, NC_MAX), OVERFLOW, 0)
     go = live & (fault == 0)
 
     # step 1
@@ -116,6 +114,8 @@ def preprocess_resolve_kernel(
     c_old, f_co = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, crossing,
                            crossing)
     fault |= any_fault(f_win, 1) | f_w0 | f_tw | f_to | f_co
+    dup = duplicated(idx_mapping_ptr, head, r, slot, live, num_rows, CHUNK, WIDTH)
+    fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
     ok = live & (fault == 0)
     crossing = crossing & ok
     reads = reads & ok

@@ -33,23 +33,32 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def duplicated(ids_ptr, r, slot, live, num_rows, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
+def batch_ids(ids_ptr, num_rows, WIDTH: tl.constexpr):
+    """The first ``WIDTH`` ids of the batch (-1 past ``num_rows``), in their own dtype: what
+    :func:`duplicated` compares with. Loaded at a kernel's start, so that the load overlaps
+    the row's own loads and the compare can wait until the row's block loads are issued."""
+    o = tl.arange(0, WIDTH)
+    return tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
+
+
+@triton.jit
+def duplicated(ids_ptr, head, r, slot, live, num_rows, CHUNK: tl.constexpr,
+               WIDTH: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
     every row of a duplicated slot is found, whatever program holds the other. The ids are
-    compared in their own dtype (a bad int64 id must not alias a good slot), ``CHUNK``
-    rows at a time; the first ``WIDTH`` rows in an unrolled pass, the rest (batches past
-    ``WIDTH``) in a loop."""
+    compared in their own dtype (a bad int64 id must not alias a good slot): the first
+    ``WIDTH`` in ``head`` (:func:`batch_ids`) in one pass, the rest (batches past
+    ``WIDTH``) ``CHUNK`` at a time in a loop."""
     mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)
-    seen = (r[:, None] < 0) & (tl.arange(0, CHUNK)[None, :] < 0)  # [BLOCK, CHUNK], all false
-    for start in tl.static_range(0, WIDTH, CHUNK):
-        o = start + tl.arange(0, CHUNK)
-        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
-        seen = seen | ((mine[:, None] == other[None, :]) & (r[:, None] != o[None, :]))
+    o = tl.arange(0, WIDTH)
+    seen = (mine[:, None] == head[None, :]) & (r[:, None] != o[None, :])
+    dup = tl.max(seen.to(tl.int32), axis=1) > 0
     for start in range(WIDTH, num_rows, CHUNK):
         o = start + tl.arange(0, CHUNK)
         other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
-        seen = seen | ((mine[:, None] == other[None, :]) & (r[:, None] != o[None, :]))
-    return (tl.max(seen.to(tl.int32), axis=1) > 0) & live
+        more = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
+        dup = dup | (tl.max(more.to(tl.int32), axis=1) > 0)
+    return dup & live
 
 
 @triton.jit
