@@ -50,8 +50,8 @@ def duplicated(ids_ptr, head, r, slot, live, num_rows, CHUNK: tl.constexpr,
     ``WIDTH`` in ``head`` (:func:`batch_ids`) in one pass, the rest (batches past
     ``WIDTH``) ``CHUNK`` at a time in a loop."""
     mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)
-    o = tl.arange(0, WIDTH)
-    seen = (mine[:, None] == head[None, :]) & (r[:, None] != o[None, :])
+    w = tl.arange(0, WIDTH)
+    seen = (mine[:, None] == head[None, :]) & (r[:, None] != w[None, :])
     dup = tl.max(seen.to(tl.int32), axis=1) > 0
     for start in range(WIDTH, num_rows, CHUNK):
         o = start + tl.arange(0, CHUNK)

@@ -86,32 +86,36 @@ import mamba_align.kernels as K
 from mamba_align.kernels.codegen import compile_ptx
 
 i32 = lambda *shape: K.ArraySpec.row_major(shape, "int32")
-flag = K.ArraySpec.row_major((8,), "bool")
-plans = {
-    "add_requests": K.plan_add_requests(i32(16), i32(16), i32(16), i32(2), i32(8), i32(8),
-                                        block_size=4),
-    "preprocess_resolve": K.plan_preprocess_resolve(
-        i32(16), i32(16), i32(16), i32(2), i32(8), i32(8), flag, i32(16, 6), block_size=4,
-        num_spec=2, num_blocks=64, mode="copy-free"),
-    "postprocess": K.plan_postprocess(i32(16), i32(16), i32(16), i32(2), i32(8), i32(8), flag,
-                                      i32(8), i32(16, 6), block_size=4, num_spec=2,
-                                      num_blocks=64),
-}
 out = {}
-for name, plan in plans.items():
-    names = plan.kernel.arg_names
-    sig = {n: ("*i1" if n.startswith("is_spec") else "*i32") if n.endswith("_ptr") else "i32"
-           for n in names}
-    ptx = compile_ptx(plan, sig)
-    out[name] = sorted(set(re.findall(r"atom\.global[\w.]*", ptx)))
+# 8 and 64 rows: one compare width; 512: a wider one; 2000: past it (the loop)
+for n in (8, 64, 512, 2000):
+    flag, s = K.ArraySpec.row_major((n,), "bool"), max(16, n)
+    plans = {
+        "add_requests": K.plan_add_requests(i32(s), i32(s), i32(s), i32(2), i32(n), i32(n),
+                                            block_size=4),
+        "preprocess_resolve": K.plan_preprocess_resolve(
+            i32(s), i32(s), i32(s), i32(2), i32(n), i32(n), flag, i32(s, 6), block_size=4,
+            num_spec=2, num_blocks=64, mode="copy-free"),
+        "postprocess": K.plan_postprocess(i32(s), i32(s), i32(s), i32(2), i32(n), i32(n), flag,
+                                          i32(n), i32(s, 6), block_size=4, num_spec=2,
+                                          num_blocks=64),
+    }
+    for name, plan in plans.items():
+        names = plan.kernel.arg_names
+        sig = {a: ("*i1" if a.startswith("is_spec") else "*i32") if a.endswith("_ptr")
+               else "i32" for a in names}
+        ptx = compile_ptx(plan, sig)
+        out[f"{name} {n}"] = sorted(set(re.findall(r"atom\.global[\w.]*", ptx)))
 print(json.dumps(out))
 """
 
 
 def test_bookkeeping_kernels_compile_for_the_gpu_with_the_flag_atomics():
-    """The fault checks compile for sm_90 (no GPU needed), and each kernel updates the
+    """The fault checks compile for sm_90 (no GPU needed) at every width of the duplicate
+    check (the interpreter does not type loop-carried values), and each kernel updates the
     error flag with atomic OR and MIN."""
     atomics = compiled(BOOKKEEPING_SCRIPT, "bookkeeping")
+    assert len(atomics) == 12, sorted(atomics)
     for name, ops in atomics.items():
         assert any(".or." in o for o in ops) and any(".min." in o for o in ops), (name, ops)
 
