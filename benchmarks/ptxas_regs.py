@@ -52,7 +52,7 @@ def ptx(plan: K.LaunchPlan, cap: int = 0) -> str:
     names = [n for n in plan.kernel.arg_names if n not in plan.constexprs]
     sig = {n: POINTERS.get(n[:-4].replace("_in", ""), "*bf16") if n.endswith("_ptr")
            else "fp32" if n == "scale" else "i32" for n in names}
-    return compile_ptx(plan, sig, [n for n in names if n.endswith("_ptr")], maxnreg=cap or None)
+    return compile_ptx(plan, sig, [n for n in names if n.endswith("_ptr")], maxnreg=cap or 0)
 
 
 def ptxas(code: str) -> str:

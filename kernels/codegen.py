@@ -21,7 +21,8 @@ def compile_ptx(plan: LaunchPlan, signature: Mapping[str, str], divisible: Itera
     of every runtime parameter (``"*fp32"``, ``"i32"``, ...); the plan's constexprs fill in
     the rest. ``divisible``: the parameters the launcher states 16-byte aligned (jax-triton:
     every pointer; torch: also integers that are multiples of 16). ``maxnreg``: Triton's
-    register cap (a ``.maxnreg`` directive in the PTX)."""
+    register cap (a ``.maxnreg`` directive in the PTX); None: the kernel's own, as the
+    launchers compile it (:attr:`LaunchPlan.maxnreg`); 0: none."""
     names = plan.kernel.arg_names
     divisible = set(divisible)
     src = ASTSource(fn=plan.kernel,
@@ -29,5 +30,6 @@ def compile_ptx(plan: LaunchPlan, signature: Mapping[str, str], divisible: Itera
                                for n in names},
                     constexprs=dict(plan.constexprs),
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
-    options = {"num_warps": plan.num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    cap = plan.maxnreg if maxnreg is None else maxnreg
+    options = {"num_warps": plan.num_warps, **({"maxnreg": cap} if cap else {})}
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]

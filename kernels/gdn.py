@@ -26,6 +26,9 @@ STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
+#: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
+#: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
+REGISTER_CAP = 80
 
 
 @triton.jit
@@ -278,6 +281,10 @@ def gated_delta_rule_fused_gates_kernel(
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
          WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
+
+
+gated_delta_rule_kernel.maxnreg = REGISTER_CAP
+gated_delta_rule_fused_gates_kernel.maxnreg = REGISTER_CAP
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,

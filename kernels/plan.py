@@ -17,7 +17,7 @@ import inspect
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 #: Grid axes 1 and 2 are limited to 65 535 programs; only axis 0 may grow with the batch.
 MAX_GRID_YZ = 65_535
@@ -111,6 +111,17 @@ class LaunchPlan:
             raise KeyError(f"launch of {self.name} is missing {missing}")
         return (tuple(arrays[n] for n in self.inputs) + self.scalar_values
                 + tuple(arrays[n] for n in self.outputs))
+
+    @property
+    def maxnreg(self) -> Optional[int]:
+        """The kernel's register cap per thread (Triton's ``maxnreg`` option), if it has one:
+        a property of the kernel, so that both launchers compile the same binary."""
+        return getattr(self.kernel, "maxnreg", None)
+
+    @property
+    def launch_options(self) -> Dict[str, int]:
+        """Triton's launch options of this plan: ``num_warps``, and ``maxnreg`` if set."""
+        return {"num_warps": self.num_warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
     @property
     def returned(self) -> Tuple[str, ...]:

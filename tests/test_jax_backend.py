@@ -131,3 +131,34 @@ def test_bridge_speaks_the_jax_triton_api_of_its_version(monkeypatch, version, k
     assert ({"out_shape", "out_type"} - {key}).isdisjoint(kw)
     assert kw["kernel"] is p.kernel and kw["grid"] == p.grid and kw["num_warps"] == p.num_warps
     assert all(kw[c] == v for c, v in p.constexprs.items())
+
+
+def test_a_kernels_register_cap_reaches_jax_tritons_compile_options(monkeypatch):
+    """jax-triton 0.3 takes no register cap (Triton's ``maxnreg``): the bridge adds a capped
+    kernel's cap to the options jax-triton parses, and only that kernel's (a stand-in for
+    jax-triton here; tests/test_jax_gpu.py checks the compiled PTX on the GPU)."""
+    import types
+
+    from mamba_align.backends.jax import bridge
+
+    class Backend:
+        def parse_options(self, opts):
+            return dict(opts)
+
+    seen = []
+
+    def create(init, platform, fn, *args, **kwargs):
+        seen.append(init(0, 90).parse_options({"num_warps": 1}))
+
+    lib = types.SimpleNamespace(get_or_create_triton_kernel=create)
+    jt = types.SimpleNamespace(triton_lib=lib, __version__="0.3.1")
+    monkeypatch.setattr(bridge, "_JT_VERSION", (0, 3))
+    bridge._pass_register_caps(jt)
+    bridge._pass_register_caps(jt)  # installed once
+    for fn in (types.SimpleNamespace(maxnreg=80), types.SimpleNamespace()):
+        lib.get_or_create_triton_kernel(lambda device, capability: Backend(), "cuda", fn)
+    assert seen == [{"num_warps": 1, "maxnreg": 80}, {"num_warps": 1}]
+    monkeypatch.setattr(bridge, "_JT_VERSION", (0, 4))
+    with pytest.raises(NotImplementedError, match="register cap"):
+        bridge._pass_register_caps(types.SimpleNamespace(triton_lib=types.SimpleNamespace(),
+                                                         __version__="0.4.0"))

@@ -83,3 +83,26 @@ def test_conv_pool_with_a_layer_stride_beyond_2_31():
                                jnp.array_equal(p[:, NB - 3, 2], b[:, 2]),
                                jnp.array_equal(p[:, NB - 1], a)))
     assert [bool(x) for x in check(pool)] == [True] * 5
+
+
+def test_jax_compiles_the_gated_delta_rule_under_its_register_cap(tmp_path, monkeypatch):
+    """jax-triton 0.3 takes no register cap; the bridge adds the kernel's own
+    (kernels/gdn.py), so that JAX compiles the binary torch compiles. jax-triton writes the
+    PTX it compiles to its dump folder: the cap is there as ``.maxnreg``."""
+    import jax_triton.triton_lib as lib
+
+    from mamba_align.backends.jax import ops
+    from mamba_align.kernels import gdn
+
+    monkeypatch.setattr(lib, "_JAX_TRITON_DUMP_DIR", str(tmp_path))
+    monkeypatch.setattr(lib, "_COMPILED_KERNEL_CACHE", {})  # compile, even if cached
+    rng = np.random.default_rng(3)
+    T, H, HV, K, V = 2, 1, 2, 24, 40  # head sizes no other test compiles
+    f = lambda *s: jnp.asarray(rng.standard_normal(s), jnp.float32)  # noqa: E731
+    i = lambda *v: jnp.asarray(v, jnp.int32)  # noqa: E731
+    run = jax.jit(ops.gated_delta_rule, static_argnames=("layer",), donate_argnums=(0, 1))
+    out = run(f(1, 3, HV, V, K), _clear(), f(T, H, K), f(T, H, K), f(T, HV, V),
+              -jnp.abs(f(T, HV)), f(T, HV), i(0, T), i(1), i([2, -1]), i(0), layer=0)
+    assert int(np.asarray(out["errors"])[0]) == 0
+    ptx = [p.read_text() for p in tmp_path.rglob("*.ptx")]
+    assert any(f".maxnreg {gdn.REGISTER_CAP}" in p for p in ptx), [p[:200] for p in ptx]

@@ -185,3 +185,22 @@ def test_inputs_as_unaligned_views_give_the_bits_of_contiguous_ones():
     (y_view, c_view), (y_cont, c_cont) = conv(x), conv(x.contiguous())
     assert torch.equal(y_view, y_cont)
     assert torch.equal(c_view.view(torch.int16), c_cont.view(torch.int16))
+
+
+def test_the_gated_delta_rule_compiles_under_its_register_cap(monkeypatch):
+    """torch's launcher passes the kernel's register cap (kernels/gdn.py): the binary it
+    compiled uses no more registers than that, and spills none."""
+    from mamba_align.kernels import gdn
+
+    kernel, seen = gdn.gated_delta_rule_fused_gates_kernel, []
+    run = kernel.run
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("maxnreg"), run(*args, **kwargs)))
+        return seen[-1][1]
+
+    monkeypatch.setattr(kernel, "run", spy)
+    gdn_row(torch.zeros((1, 3, 32, 128, 128), device=DEV), 1, [2, -1, -1], T=1)
+    (cap, compiled), = seen
+    assert cap == gdn.REGISTER_CAP and 0 < compiled.n_regs <= cap, compiled.n_regs
+    assert compiled.n_spills == 0

@@ -59,6 +59,36 @@ def _jax_triton():
     return _JT
 
 
+def _pass_register_caps(jt) -> None:
+    """Make jax-triton compile a kernel that carries a register cap (``kernel.maxnreg``,
+    Triton's ``maxnreg`` option) with it, as torch's launcher does: torch and JAX must run
+    one binary (kernels/jit.py). jax-triton 0.3 takes no such option; it builds the compile
+    options in ``get_or_create_triton_kernel`` from a fresh backend object per call, and
+    keys its kernel cache on the kernel function, which carries the cap. So the cap is
+    added to that backend's parsed options, for capped kernels only."""
+    lib = jt.triton_lib
+    if _JT_VERSION != (0, 3):
+        raise NotImplementedError(f"jax-triton {jt.__version__} cannot pass a register cap "
+                                  "(maxnreg); the kernels with one need jax-triton 0.3.x")
+    if getattr(lib, "_mamba_align_caps", False):
+        return
+    create = lib.get_or_create_triton_kernel
+
+    def get_or_create(backend_init_func, platform, fn, *args, **kwargs):
+        cap = getattr(fn, "maxnreg", None)
+        if cap:
+            def init(device, capability):
+                backend = backend_init_func(device, capability)
+                parse = backend.parse_options
+                backend.parse_options = lambda opts: parse({**opts, "maxnreg": cap})
+                return backend
+            return create(init, platform, fn, *args, **kwargs)
+        return create(backend_init_func, platform, fn, *args, **kwargs)
+
+    lib.get_or_create_triton_kernel = get_or_create
+    lib._mamba_align_caps = True
+
+
 def _scalar(name: str, v):
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"scalar {name} must be a Python int or float, got {type(v).__name__}")
@@ -94,6 +124,8 @@ def _launch_gpu(plan, inputs, scalar_values, specs):
             warnings.warn(f"{key} called outside jax.jit: its in-place arrays are copied; jit "
                           "the step with the pools donated (donate_argnums) to update them in "
                           "place", stacklevel=3)
+    if plan.maxnreg:
+        _pass_register_caps(jt)
     shapes = {"out_shape" if _JT_VERSION < (0, 4) else "out_type": specs}
     outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, grid=plan.grid,
                           num_warps=plan.num_warps, input_output_aliases=aliases, **shapes,
@@ -144,7 +176,7 @@ def _interpreter_callback(plan, scalar_values, specs):
                      for i, o in enumerate(outs)}
         args += [out_views[i] for i in range(len(outs))]
         with _LOCK:
-            plan.kernel[plan.grid](*args, **plan.constexprs, num_warps=plan.num_warps)
+            plan.kernel[plan.grid](*args, **plan.constexprs, **plan.launch_options)
         return tuple(outs)
 
     def call(*inputs):

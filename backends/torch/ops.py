@@ -78,7 +78,7 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
             _align_inputs(plan, args)
         for out, src in plan.aliases.items():  # in place: the input passed twice
             args[out] = args[src]
-        plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, num_warps=plan.num_warps)
+        plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, **plan.launch_options)
     return outs
 
 
