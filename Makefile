@@ -52,7 +52,8 @@ gpu-setup:
 	python3 -c "import numpy, torch, triton, jax; print('numpy', numpy.__version__, 'torch', \
 	  torch.__version__, 'triton', triton.__version__, 'jax', jax.__version__)" >> $(OUT)/gpu_info.txt
 
-# the suite in three parts, each of which fits one 600 s device call (gpu-test: all three)
+# the suite in three parts, each of which fits one 600 s device call (gpu-test: all three);
+# the junit XML names every test that ran
 GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py tests/test_gdn.py \
 	tests/test_conv1d.py tests/test_recurrent_gpu.py tests/test_codegen.py
 GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
@@ -60,12 +61,14 @@ GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tes
 GPU_TEST := EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
 gpu-test: gpu-test-1 gpu-test-2 gpu-test-3
 gpu-test-1: gpu-setup
-	set -o pipefail; $(GPU_TEST) $(GPU_PART1) 2>&1 | tee $(OUT)/gpu_tests_1.log
+	set -o pipefail; $(GPU_TEST) --junitxml=$(OUT)/gpu_tests_1.xml $(GPU_PART1) 2>&1 \
+	  | tee $(OUT)/gpu_tests_1.log
 gpu-test-2: gpu-setup
-	set -o pipefail; $(GPU_TEST) $(GPU_PART2) 2>&1 | tee $(OUT)/gpu_tests_2.log
+	set -o pipefail; $(GPU_TEST) --junitxml=$(OUT)/gpu_tests_2.xml $(GPU_PART2) 2>&1 \
+	  | tee $(OUT)/gpu_tests_2.log
 gpu-test-3: gpu-setup
-	set -o pipefail; $(GPU_TEST) tests $(addprefix --ignore=,$(GPU_PART1) $(GPU_PART2)) 2>&1 \
-	  | tee $(OUT)/gpu_tests_3.log
+	set -o pipefail; $(GPU_TEST) --junitxml=$(OUT)/gpu_tests_3.xml tests \
+	  $(addprefix --ignore=,$(GPU_PART1) $(GPU_PART2)) 2>&1 | tee $(OUT)/gpu_tests_3.log
 
 FUZZ_GPU ?= 5000
 gpu-fuzz: gpu-setup

@@ -56,6 +56,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from mamba_align.backends.torch import ops as tops  # noqa: E402
+from mamba_align.kernels import gdn as gdn_kernels  # noqa: E402
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
@@ -109,6 +110,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "ceiling": ceiling,
         "conv_groups": True,  # the conv pool and fla's caches cycle groups of their own
         "fla_conv_tuned_per_batch": True,  # retune_fla_conv with no disk cache
+        "gdn_register_cap": gdn_kernels.REGISTER_CAP,
         "timer": "triton.testing.do_bench_cudagraph (median device time of a CUDA-graph "
                  "replay); ours_jax: GPU busy time from a jax.profiler trace",
     }

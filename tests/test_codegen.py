@@ -159,6 +159,7 @@ for name, plan in plans.items():
     ptx = compile_ptx(plan, {n: ty(n) for n in names if n not in plan.constexprs},
                       [n for n in names if n.endswith("_ptr")])
     out[name] = dict(Counter(re.findall(r"(?:ld|st)\.global[\w:.]*", ptx)))
+    out[name]["maxnreg"] = re.findall(r"\.maxnreg\s+(\d+)", ptx)
 print(json.dumps(out))
 """
 
@@ -177,3 +178,7 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors():
     assert "st.global.b32" not in gdn, gdn
     conv = acc["conv"]
     assert conv.get("ld.global.v4.b32", 0) >= 1 and "st.global.b16" not in conv, conv
+    # the gated delta rule's register cap reaches the PTX the launchers compile; the conv
+    # update has none
+    from mamba_align.kernels.gdn import REGISTER_CAP
+    assert gdn["maxnreg"] == [str(REGISTER_CAP)] and conv["maxnreg"] == [], (gdn, conv)

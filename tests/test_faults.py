@@ -11,7 +11,8 @@ from fault_cases import (B, BT, NB, POST_CASES, PRE_CASES, S, assert_good_row_as
                          assert_skipped, bits, state_with, table_with)
 from support import Torch, in_flight, make_backend, slots
 
-from mamba_align.core import Fault, decode_errors, error_row, new_errors, raise_errors
+from mamba_align.core import (Fault, decode_errors, error_row, new_errors, raise_errors,
+                              screen_postprocess, screen_preprocess)
 from mamba_align.core.faults import MESSAGES, NO_ROW
 from mamba_align.kernels.bookkeeping import row_launch
 
@@ -61,6 +62,56 @@ def test_duplicate_rows_are_both_skipped(device_backend):
     assert_skipped(out, 2, "duplicate")
     assert new.acc[0] == 0 and new.state_idx[0] == 0
     assert_good_row_as_alone(device_backend, s, new, out)
+
+
+@pytest.mark.parametrize("slot0,bt,q2,why", [
+    ((0, 1, 3), BT, 1, "a healthy slot"),
+    ((0, 0, 3), BT, 1, "a faulty slot"),
+    ((0, -2, 3), BT, 1, "a step in flight"),
+    ((-3, 1, 3), BT, 1, "inconsistent bookkeeping"),
+    ((0, 1, 3), table_with(0, 1, 99), 1, "a bad block in the row's window"),
+    ((0, 1, 3), BT, 0, "a row of no tokens"),
+])
+def test_a_duplicated_slot_is_charged_with_the_duplicate_and_the_rows_own_faults(
+        device_backend, slot0, bt, q2, why):
+    # the kernels read a duplicated slot's state and blocks before they know it is
+    # duplicated: what they find there must not reach the flag (core.screen's rule)
+    s = state_with(slot0)
+    idx, q, spec = [0, 1, 0], [1, 1, q2], [1, 1, 1]
+    new, out = device_backend.preprocess_resolve(s, idx, q, spec, bt, B, S, num_blocks=NB)
+    want = Fault.DUPLICATE_SLOT | (Fault.BAD_QUERY_LEN if q2 == 0 else Fault(0))
+    assert bits(device_backend) == want and device_backend.last_errors[1] == 0, why
+    screen = screen_preprocess(s.state_idx, s.acc, s.num_computed, idx, q, spec, bt,
+                               block_size=B, num_spec=S, num_blocks=NB)
+    assert screen.tolist() == [int(Fault.DUPLICATE_SLOT), 0, int(want)], why
+    assert_skipped(out, 0, why)
+    assert_skipped(out, 2, why)
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (slot0[0], 0, slot0[2]), why
+    assert_good_row_as_alone(device_backend, s, new, out, bt, NB)
+
+
+@pytest.mark.parametrize("slot0,ns2,why", [
+    ((0, -1, 3), 1, "a slot in flight"),
+    ((0, 0, 3), 1, "a faulty slot"),
+    ((0, 2, 3), 1, "a slot not in flight"),
+    ((-3, -1, 3), 1, "inconsistent bookkeeping"),
+    ((0, -1, 3), 0, "a spec row that sampled nothing"),
+])
+def test_postprocess_charges_a_duplicated_slot_with_the_duplicate_and_the_rows_own_faults(
+        device_backend, slot0, ns2, why):
+    s = state_with(slot0, good=(0, -1, 3))
+    idx, q, spec, ns = [0, 1, 0], [1, 1, 1], [1, 1, 1], [1, 1, ns2]
+    new, out = device_backend.postprocess(s, idx, q, spec, ns, BT, B, S, num_blocks=NB)
+    want = Fault.DUPLICATE_SLOT | (Fault.BAD_NUM_SAMPLED if ns2 == 0 else Fault(0))
+    assert bits(device_backend) == want and device_backend.last_errors[1] == 0, why
+    screen = screen_postprocess(s.state_idx, s.acc, s.num_computed, idx, q, spec, ns, BT,
+                                block_size=B, num_spec=S, num_blocks=NB)
+    assert screen.tolist() == [int(Fault.DUPLICATE_SLOT), 0, int(want)], why
+    for b in (0, 2):
+        assert out["cache_col"][b] == -1 and out["copy_dst"][b] == -1, why
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (slot0[0], 0, slot0[2]), why
+    # the good row: 3 + 1 = 4 tokens, column 0's boundary, as alone
+    assert (out["cache_col"][1], new.num_computed[1], new.acc[1]) == (0, 4, 1), why
 
 
 @pytest.mark.parametrize("n,partner", [(80, 70), (300, 290), (1100, 1090)])

@@ -199,3 +199,29 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     jitted = fn(A(pool), A(new_errors()), *args, layer=1)
     for name in ("o", "pool", "errors"):
         np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))
+
+
+def test_the_torch_launcher_passes_the_register_cap(monkeypatch):
+    """Both kernels of the gated delta rule carry a register cap (kernels/gdn.py) and
+    torch's launcher hands it to Triton (the interpreter ignores it; on the GPU,
+    tests/test_recurrent_gpu.py checks the registers of the compiled binary)."""
+    import torch
+
+    from mamba_align.backends.torch import ops as tops
+    from mamba_align.kernels import gdn
+
+    kernel, seen = gdn.gated_delta_rule_kernel, []
+    assert kernel.maxnreg == gdn.gated_delta_rule_fused_gates_kernel.maxnreg == gdn.REGISTER_CAP
+    run = kernel.run
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("maxnreg"))
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(kernel, "run", spy)
+    pool, q, k, v, gates = inputs(np.random.default_rng(5), 1, 2, 8, 8)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+    tops.gated_delta_rule_(T(pool), T(new_errors()), T(q), T(k), T(v), T(gates["g"]),
+                           T(gates["beta"]), T(CU), T(RB), T(WBS), T(SPEC), layer=1)
+    assert seen == [gdn.REGISTER_CAP]

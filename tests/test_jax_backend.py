@@ -148,16 +148,21 @@ def test_a_kernels_register_cap_reaches_jax_tritons_compile_options(monkeypatch)
     seen = []
 
     def create(init, platform, fn, *args, **kwargs):
-        seen.append(init(0, 90).parse_options({"num_warps": 1}))
+        seen.append((init(0, 90).parse_options({"num_warps": 1}), platform, args, kwargs))
 
     lib = types.SimpleNamespace(get_or_create_triton_kernel=create)
     jt = types.SimpleNamespace(triton_lib=lib, __version__="0.3.1")
     monkeypatch.setattr(bridge, "_JT_VERSION", (0, 3))
     bridge._pass_register_caps(jt)
-    bridge._pass_register_caps(jt)  # installed once
+    wrapped = lib.get_or_create_triton_kernel
+    assert wrapped is not create
+    bridge._pass_register_caps(jt)
+    assert lib.get_or_create_triton_kernel is wrapped  # installed once
     for fn in (types.SimpleNamespace(maxnreg=80), types.SimpleNamespace()):
-        lib.get_or_create_triton_kernel(lambda device, capability: Backend(), "cuda", fn)
-    assert seen == [{"num_warps": 1, "maxnreg": 80}, {"num_warps": 1}]
+        lib.get_or_create_triton_kernel(lambda device, capability: Backend(), "cuda", fn,
+                                        ["*fp32"], [], num_warps=1, dump=False)
+    rest = ("cuda", (["*fp32"], []), {"num_warps": 1, "dump": False})
+    assert seen == [({"num_warps": 1, "maxnreg": 80},) + rest, ({"num_warps": 1},) + rest]
     monkeypatch.setattr(bridge, "_JT_VERSION", (0, 4))
     with pytest.raises(NotImplementedError, match="register cap"):
         bridge._pass_register_caps(types.SimpleNamespace(triton_lib=types.SimpleNamespace(),

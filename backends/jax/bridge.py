@@ -65,13 +65,18 @@ def _pass_register_caps(jt) -> None:
     one binary (kernels/jit.py). jax-triton 0.3 takes no such option; it builds the compile
     options in ``get_or_create_triton_kernel`` from a fresh backend object per call, and
     keys its kernel cache on the kernel function, which carries the cap. So the cap is
-    added to that backend's parsed options, for capped kernels only."""
+    added to that backend's parsed options, for capped kernels only. A kernel's cap is
+    fixed: jax-triton's cache key does not hold it."""
     lib = jt.triton_lib
     if _JT_VERSION != (0, 3):
         raise NotImplementedError(f"jax-triton {jt.__version__} cannot pass a register cap "
                                   "(maxnreg); the kernels with one need jax-triton 0.3.x")
-    if getattr(lib, "_mamba_align_caps", False):
-        return
+    with _LOCK:
+        if not getattr(lib, "_mamba_align_caps", False):
+            _wrap_kernel_creation(lib)
+
+
+def _wrap_kernel_creation(lib) -> None:
     create = lib.get_or_create_triton_kernel
 
     def get_or_create(backend_init_func, platform, fn, *args, **kwargs):
