@@ -35,9 +35,10 @@ from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN
 #: Batch rows per program. Small, because each program also compares its rows with every
 #: row of the batch (duplicate slots): more programs share that work (benchmarks/README.md).
 ROWS_PER_PROGRAM = 8
-#: The duplicate check compares ``[ROWS_PER_PROGRAM, chunk]`` tiles of ids, ``chunk`` the
-#: batch size rounded up to a power of two within [32, DUP_CHUNK]; batches up to
-#: DUP_UNROLL rows in one unrolled pass (one compile per size bucket), larger ones loop.
+#: The duplicate check compares a program's rows with the batch's first ``width`` ids in
+#: one ``[ROWS_PER_PROGRAM, width]`` tile, ``width`` the batch size rounded up to a power of
+#: two within [32, DUP_UNROLL] (one compile per size bucket); larger batches compare the
+#: rest ``DUP_CHUNK`` ids at a time in a loop.
 DUP_CHUNK = 128
 DUP_UNROLL = 1024
 

@@ -30,6 +30,8 @@ def compile_ptx(plan: LaunchPlan, signature: Mapping[str, str], divisible: Itera
                                for n in names},
                     constexprs=dict(plan.constexprs),
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible})
-    cap = plan.maxnreg if maxnreg is None else maxnreg
-    options = {"num_warps": plan.num_warps, **({"maxnreg": cap} if cap else {})}
+    options = dict(plan.launch_options)
+    if maxnreg is not None:
+        options.pop("maxnreg", None)
+        options.update({"maxnreg": maxnreg} if maxnreg else {})
     return triton.compile(src, target=GPUTarget("cuda", capability, 32), options=options).asm["ptx"]

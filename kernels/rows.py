@@ -50,15 +50,19 @@ def duplicated(ids_ptr, head, r, slot, live, num_rows, CHUNK: tl.constexpr,
     ``WIDTH`` in ``head`` (:func:`batch_ids`) in one pass, the rest (batches past
     ``WIDTH``) ``CHUNK`` at a time in a loop."""
     mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)
-    w = tl.arange(0, WIDTH)
-    seen = (mine[:, None] == head[None, :]) & (r[:, None] != w[None, :])
-    dup = tl.max(seen.to(tl.int32), axis=1) > 0
+    dup = _named_by_another(mine, r, head, tl.arange(0, WIDTH))
     for start in range(WIDTH, num_rows, CHUNK):
         o = start + tl.arange(0, CHUNK)
         other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
-        more = (mine[:, None] == other[None, :]) & (r[:, None] != o[None, :])
-        dup = dup | (tl.max(more.to(tl.int32), axis=1) > 0)
+        dup = dup | _named_by_another(mine, r, other, o)
     return dup & live
+
+
+@triton.jit
+def _named_by_another(mine, r, ids, o):
+    """Per row ``r``: whether a row ``o`` other than ``r`` holds the id ``mine``."""
+    seen = (mine[:, None] == ids[None, :]) & (r[:, None] != o[None, :])
+    return tl.max(seen.to(tl.int32), axis=1) > 0
 
 
 @triton.jit
