@@ -69,8 +69,8 @@ class Case:
     conv pool has groups of its own (``crb``, ``cwb``), sized by its smaller blocks."""
 
     def __init__(self, s: Dict[str, Any], B: int, T: int, spec: bool, dev: torch.device,
-                 gen: torch.Generator):
-        self.B, self.T, self.spec = B, T, spec
+                 gen: torch.Generator, conv_layout: str = "DS"):
+        self.B, self.T, self.spec, self.conv_layout = B, T, spec, conv_layout
         H, HV, K, V, D, KC, S, L = (s[n] for n in ("H", "HV", "K", "V", "D", "KC", "S", "L"))
         n = B * T
         block = HV * V * K * 4
@@ -103,7 +103,8 @@ class Case:
         self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev)
         self.x, self.w = r(n, D), r(D, KC)
         self.cb = torch.zeros(D, device=dev, dtype=bf)
-        self.cpool = torch.empty((L, cnb, D, KC - 1 + S), device=dev, dtype=bf)
+        block = (D, KC - 1 + S) if conv_layout == "DS" else (KC - 1 + S, D)
+        self.cpool = torch.empty((L, cnb) + block, device=dev, dtype=bf)
         self.cpool.normal_(generator=torch.Generator(dev).manual_seed(int(
             torch.randint(1 << 30, (1,), generator=gen))))
         for rb, _, _ in self.sets:
@@ -140,7 +141,7 @@ class Case:
     def conv(self):
         return tops.conv1d_update_(self.cpool, self.errors, self.x, self.w, self.cb, self.cu,
                                    self.crb, self.off, self.cwb, self.is_spec, layer=1,
-                                   layout="DS", activation="silu")["y"]
+                                   layout=self.conv_layout, activation="silu")["y"]
 
     def gdn_ref(self, row: int = 0):
         """o and the states written by ``row`` (float64 reference, one row)."""
@@ -158,7 +159,7 @@ class Case:
         pool = np32(self.cpool[1, self.crb[row:row + 1]])
         y, _, _ = causal_conv1d_update_ref(np32(self.x[t0:t1]), np32(self.w), np32(self.cb),
                                            pool, [0, self.T], [0], [0], [-1], [self.spec],
-                                           layout="DS")
+                                           layout=self.conv_layout)
         return y
 
 

@@ -1,12 +1,14 @@
 """Causal conv1d update with separate read and write blocks (docs/semantics.md §4, "Causal
 conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv1d_update_ref`.
 
-One program per (row, channel tile), both on grid axis 0. A program first loads the row's
-new window (from its read block at its read offset and from ``x``), then computes ``y``
-for the row's tokens in tiles of ``BLOCK_T`` tokens (fp32, the ``K`` taps summed in order,
-then the conv bias: the same order whatever the batch or tile, so a row's bits do not
-depend on them), and only then, after a barrier, stores the window to the write block
-(which may be the read block).
+One program per (row, channel tile), both on grid axis 0. A row of one token (a decode
+row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
+stores the new window from registers (``_one_token``). Any other row (``_tiled_rows``)
+first loads its new window (from its read block at its read offset and from ``x``), then
+computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then, after a
+barrier, stores the window to the write block (which may be the read block). Both sum in
+fp32 the ``K`` taps in order, then the conv bias: the same order whatever the path, batch
+or tile, so a row's bits do not depend on them.
 """
 
 from __future__ import annotations
@@ -27,40 +29,113 @@ from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned
                    flag_row, seqlens_fault)
 
 MAX_BLOCK_T = 16  # tokens per tile at most
-MAX_TILE_D = 256  # channels per program at most (in batches of SMALL_BATCH rows or more)
+MAX_TILE_D = 256  # channels per program at most (see conv_tile)
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 NUM_WARPS = 4
 
 
 @triton.jit
-def _window_at(pool_ptr, base, pos, d, mask, WIDTH: tl.constexpr, DIM: tl.constexpr,
-               LAYOUT_DS: tl.constexpr):
-    """``[len(pos), TILE_D]`` rows ``pos`` of the conv window at ``base``, as fp32."""
-    if LAYOUT_DS:
-        offs = base + d[None, :] * WIDTH + pos[:, None]
-    else:
-        offs = base + pos[:, None] * DIM + d[None, :]
-    return tl.load(pool_ptr + offs, mask=mask, other=0).to(tl.float32)
-
-
-@triton.jit
-def _full_at(pool_ptr, x_ptr, rbase, off, t0, i, d, x_stride, num_tokens, has_hist, mask,
+def _full_at(rp, x_ptr, off, t0, i, d, x_stride, num_tokens, has_hist, mask, dtype: tl.constexpr,
              K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
              LAYOUT_DS: tl.constexpr):
-    """Rows ``i`` of ``full = history ++ x`` (``K - 1`` history rows, then the row's
-    tokens from ``t0``), fp32 ``[len(i), TILE_D]``; the history is zero without a read
-    block. Only rows of ``x`` inside ``[0, num_tokens)`` are read, so the window can be
-    loaded before the row's ids are checked."""
+    """Rows ``i`` of ``full = history ++ x`` (``K - 1`` history rows of the window at
+    ``rp``, then the row's tokens from ``t0``), ``[len(i), len(d)]`` in ``dtype``; the
+    history is zero without a read block. Only rows of ``x`` inside ``[0, num_tokens)`` are
+    read, so the window can be loaded before the row's ids are checked."""
     hist = (i >= 0) & (i < K - 1)  # i >= 0 always, unless a wild cu_seqlens wrapped
-    h = _window_at(pool_ptr, rbase, off + i, d, mask & hist[:, None] & has_hist, WIDTH, DIM,
-                   LAYOUT_DS)
+    pos = (off + i).to(tl.int32)  # (wraps only where the mask is off)
+    if LAYOUT_DS:
+        offs = d[None, :] * WIDTH + pos[:, None]
+    else:
+        offs = pos[:, None] * DIM + d[None, :]
+    h = tl.load(rp + offs, mask=mask & hist[:, None] & has_hist, other=0)
     xr = t0 + i - (K - 1)
     x_rows = xr * x_stride
     if X_ALIGN > 1:  # (see rows.aligned_base: stated on the op that makes the product)
         x_rows = tl.multiple_of(x_rows, X_ALIGN)
     xv = tl.load(x_ptr + x_rows[:, None] + d[None, :],
                  mask=mask & (~hist & (xr >= 0) & (xr < num_tokens))[:, None], other=0)
-    return tl.where(hist[:, None], h, xv.to(tl.float32))
+    return tl.where(hist[:, None], h.to(dtype), xv.to(dtype))
+
+
+@triton.jit
+def _row_at(ptr, pos, d, WIDTH: tl.constexpr, DIM: tl.constexpr,
+            LAYOUT_DS: tl.constexpr):
+    """Row ``pos`` (a scalar) of the conv window at ``ptr``: ``[len(d)]`` offsets, int32
+    (a block holds fewer than 2^31 elements)."""
+    if LAYOUT_DS:
+        return ptr + d * WIDTH + pos
+    return ptr + pos * DIM + d
+
+
+@triton.jit
+def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+               num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
+               WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
+               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr):
+    """A row of one token (``K <= 4``): ``full = h0, .., h[K-2], x``; the same sum as the
+    tiled path (the taps in order, then the bias), each input loaded once and held, and the
+    new window ``full[1:]`` stored from registers. A lane stores only the channels it
+    loaded, so the window may be rewritten in place without a barrier."""
+    dm = d < DIM
+    hm = dm & has_hist
+    pos = tl.where(has_hist, off, 0).to(tl.int32)
+    rp = pool_ptr + rbase
+    h0 = tl.load(_row_at(rp, pos, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0).to(tl.float32)
+    h1 = h0
+    h2 = h0
+    if K > 2:
+        h1 = tl.load(_row_at(rp, pos + 1, d, WIDTH, DIM, LAYOUT_DS), mask=hm,
+                     other=0).to(tl.float32)
+    if K > 3:
+        h2 = tl.load(_row_at(rp, pos + 2, d, WIDTH, DIM, LAYOUT_DS), mask=hm,
+                     other=0).to(tl.float32)
+    x_row = t0 * x_stride
+    if X_ALIGN > 1:
+        x_row = tl.multiple_of(x_row, X_ALIGN)
+    xv = tl.load(x_ptr + x_row + d, mask=dm & (t0 >= 0) & (t0 < num_tokens),
+                 other=0).to(tl.float32)
+    wp = weight_ptr + d * w_stride
+    w0 = tl.load(wp, mask=dm, other=0).to(tl.float32)
+    w1 = tl.load(wp + 1, mask=dm, other=0).to(tl.float32)
+    w2 = w1
+    w3 = w1
+    if K > 2:
+        w2 = tl.load(wp + 2, mask=dm, other=0).to(tl.float32)
+    if K > 3:
+        w3 = tl.load(wp + 3, mask=dm, other=0).to(tl.float32)
+    cb = tl.load(bias_ptr + d, mask=dm, other=0).to(tl.float32)
+    y_at = y_ptr + t0 * DIM + d
+    if fault == 0:
+        acc = tl.zeros(d.shape, tl.float32)
+        acc += w0 * h0
+        if K == 2:
+            acc += w1 * xv
+        else:
+            acc += w1 * h1
+            if K == 3:
+                acc += w2 * xv
+            else:
+                acc += w2 * h2
+                acc += w3 * xv
+        acc += cb
+        if SILU:
+            acc = acc * tl.sigmoid(acc)
+        tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=dm)
+        wm = dm & writes
+        out = pool_ptr + wbase
+        dt = pool_ptr.dtype.element_ty
+        if K == 2:
+            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+        else:
+            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), h1.to(dt), mask=wm)
+            if K == 3:
+                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+            else:
+                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), h2.to(dt), mask=wm)
+                tl.store(_row_at(out, 2, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+    elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
+        tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)
 
 
 @same_binary_jit
@@ -114,55 +189,84 @@ def conv1d_update_kernel(
     fault |= tl.where(spec & (n > WIDTH - K + 2), BAD_QUERY_LEN, 0)
     if tile == 0:
         flag_row(errors_ptr, row, fault)
-    d = tile * TILE_D + tl.arange(0, TILE_D).to(tl.int64)
-    dmask = (d < DIM)[None, :]
     rbase = aligned_base(layer_offset, rb, block_stride, ALIGN)
-    # reads stay inside the read block whatever the ids: the window below is loaded before
-    # the row's checks are known (no round trip for them), and stored only if it is clean
+    # reads stay inside the read block whatever the ids: the window is loaded before the
+    # row's checks are known (no round trip for them), and stored only if it is clean
     has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= WIDTH - K + 1)
-    # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c
+    if (n == 1) & (K <= 4):  # one token (a decode row): each input loaded once
+        _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+                   num_tokens, x_stride, w_stride, fault,
+                   aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
+                   (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
+                   X_ALIGN, LAYOUT_DS, SILU)
+    else:
+        _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
+                    spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
+                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
+                    LAYOUT_DS, SILU)
+
+
+@triton.jit
+def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
+                spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault, wb,
+                tile, K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, W_PAD: tl.constexpr,
+                TILE_D: tl.constexpr, BLOCK_T: tl.constexpr, LAYOUT_DS: tl.constexpr,
+                SILU: tl.constexpr):
+    """Any row, ``BLOCK_T`` tokens at a time: the window is loaded first, the outputs
+    computed tile by tile, and the window stored after a barrier (it may be rewritten in
+    place)."""
+    d = (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D)
+    dmask = (d < DIM)[None, :]
+    rp = pool_ptr + rbase
+    # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c (in the pool's dtype:
+    # it is only stored)
     c = tl.where(spec, n, 1)
-    i = tl.arange(0, W_PAD).to(tl.int64)
+    i = tl.arange(0, W_PAD)
     keep = (i < K - 2 + c)[:, None] & dmask & (n > 0) & (wb >= 0)
-    new = _full_at(pool_ptr, x_ptr, rbase, off, t0, n - c + 1 + i, d, x_stride, num_tokens,
-                   has_hist, keep, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
+    new = _full_at(rp, x_ptr, off, t0, n - c + 1 + i, d, x_stride, num_tokens, has_hist, keep,
+                   pool_ptr.dtype.element_ty, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
+    y_rows = y_ptr + t0 * DIM
     if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's y is 0
         for start in range(0, n, BLOCK_T):
-            t = start + tl.arange(0, BLOCK_T).to(tl.int64)
-            tl.store(y_ptr + (t0 + t)[:, None] * DIM + d[None, :],
+            t = start + tl.arange(0, BLOCK_T)
+            tl.store(y_rows + t[:, None].to(tl.int64) * DIM + d[None, :],
                      tl.zeros((BLOCK_T, TILE_D), y_ptr.dtype.element_ty),
                      mask=(t < n)[:, None] & dmask)
     if fault == 0:
         cb = tl.load(bias_ptr + d, mask=d < DIM, other=0).to(tl.float32)
-        tt = tl.arange(0, BLOCK_T).to(tl.int64)
+        tt = tl.arange(0, BLOCK_T)
         for start in range(0, n, BLOCK_T):
             t = start + tt
             tmask = (t < n)[:, None] & dmask
             acc = tl.zeros((BLOCK_T, TILE_D), tl.float32)
             for k in tl.static_range(K):  # y[t] = sum_k w[:, k] * full[t + k], k in order
                 wk = tl.load(weight_ptr + d * w_stride + k, mask=d < DIM, other=0).to(tl.float32)
-                acc += wk[None, :] * _full_at(pool_ptr, x_ptr, rbase, off, t0, t + k, d,
-                                              x_stride, num_tokens, has_hist, tmask, K, WIDTH,
-                                              DIM, X_ALIGN, LAYOUT_DS)
+                acc += wk[None, :] * _full_at(rp, x_ptr, off, t0, t + k, d, x_stride,
+                                              num_tokens, has_hist, tmask, tl.float32, K,
+                                              WIDTH, DIM, X_ALIGN, LAYOUT_DS)
             acc += cb[None, :]
             if SILU:
                 acc = acc * tl.sigmoid(acc)
-            tl.store(y_ptr + (t0 + t)[:, None] * DIM + d[None, :],
+            tl.store(y_rows + t[:, None].to(tl.int64) * DIM + d[None, :],
                      acc.to(y_ptr.dtype.element_ty), mask=tmask)
         tl.debug_barrier()  # every load of the window before any store: wb may be rb
-        wbase = aligned_base(layer_offset, wb, block_stride, ALIGN)
+        wp = pool_ptr + aligned_base(layer_offset, wb, block_stride, ALIGN)
         if LAYOUT_DS:
-            w_offs = wbase + d[None, :] * WIDTH + i[:, None]
+            w_offs = d[None, :] * WIDTH + i[:, None]
         else:
-            w_offs = wbase + i[:, None] * DIM + d[None, :]
-        tl.store(pool_ptr + w_offs, new.to(pool_ptr.dtype.element_ty), mask=keep)
+            w_offs = i[:, None] * DIM + d[None, :]
+        tl.store(wp + w_offs, new, mask=keep)
 
 
-def conv_tile(dim: int, num_rows: int) -> int:
-    """Channels per program: up to :data:`MAX_TILE_D`, half that in batches of fewer than
-    :data:`SMALL_BATCH` rows (a shorter program: lower latency where the GPU is not full).
-    Every output is its own sum of the taps in order, so the tile changes no bits."""
-    cap = MAX_TILE_D if num_rows >= SMALL_BATCH else max(16, MAX_TILE_D // 2)
+def conv_tile(dim: int, num_rows: int, num_tokens: int) -> int:
+    """Channels per program: up to :data:`MAX_TILE_D` in batches of :data:`SMALL_BATCH`
+    rows or more that average more than one token per row; half that for a decode batch (a
+    one-token row is a short program: more of them in flight) and for a small batch (lower
+    latency where the GPU is not full). Every output is its own sum of the taps in order,
+    so the tile changes no bits."""
+    full = num_rows >= SMALL_BATCH and num_tokens > num_rows
+    cap = MAX_TILE_D if full else max(16, MAX_TILE_D // 2)
     return min(cap, next_pow2(max(dim, 16)))
 
 
@@ -205,7 +309,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     ("write_block", write_block)):
         check_array(name, a, (rows,))
     check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
-    tile = conv_tile(dim, rows)
+    tile = conv_tile(dim, rows, x.shape[0])
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,

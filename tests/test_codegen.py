@@ -137,8 +137,8 @@ plans = {
         spec((B, 16, 128), bf), spec((B, 32, 128), bf), spec((B, 32), bf), spec((B, 32), bf),
         spec((32,), "float32"), spec((32,), "float32"), cu, ids, spec((B, 1 + S), "int32"),
         ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK"),
-    "conv": K.plan_conv1d_update(
-        spec((2, 9, 6, 8192), bf), spec((2,), "int32"), spec((B, 8192), bf),
+    "conv": K.plan_conv1d_update(  # a spec step: 1 + S tokens per row (256 channels a program)
+        spec((2, 9, 6, 8192), bf), spec((2,), "int32"), spec(((1 + S) * B, 8192), bf),
         spec((8192, 4), bf), spec((8192,), bf), cu, ids, ids, ids, ids, layer=1, layout="SD",
         activation="silu"),
 }

@@ -94,7 +94,7 @@ def test_the_tiles_change_no_bits(device_backend):
     # mean of 3 tokens per row a smaller token tile than the 20-token row alone: same bits
     rng = np.random.default_rng(5)
     n, D = kconv.SMALL_BATCH, 300
-    assert kconv.conv_tile(D, n) != kconv.conv_tile(D, 1)
+    assert kconv.conv_tile(D, n, n + 19) != kconv.conv_tile(D, 1, 20)
     cu = np.concatenate([[0, 20], 20 + np.arange(1, n)])
     rb, wb = np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)
     off, spec = np.ones(n, np.int64), np.zeros(n, np.int64)
@@ -109,6 +109,41 @@ def test_the_tiles_change_no_bits(device_backend):
                                                    spec[r:r + 1], layer=1, layout="SD")
         np.testing.assert_array_equal(y1, y[t0:t1])
         np.testing.assert_array_equal(out1[1, wb[r]], out[1, wb[r]])
+
+
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("ksize", [2, 3, 4, 5])
+def test_one_token_rows_at_every_kernel_size(backend, layout, ksize):
+    # one-token rows take their own path for K <= 4 (kernels/conv1d.py, _one_token), K = 5
+    # the tiled one: in place at an offset, another block, no history, no write, a spec
+    # row of one token, a faulty row (offset past W - K + 1), among a 3-token row
+    rng = np.random.default_rng(20 + ksize)
+    width, D = ksize - 1 + S, 24
+    shape = (L, NB, width, D) if layout == "SD" else (L, NB, D, width)
+    pool = rng.normal(size=shape).astype(np.float32)
+    cu = np.array([0, 1, 2, 3, 6, 7, 8])
+    rb, off = np.array([2, 3, -1, 4, 5, 6]), np.array([S, 0, 0, 1, 1, S + 1])
+    wb, spec = np.array([2, 1, 7, 8, -1, 6]), np.array([0, 0, 0, 0, 1, 0])
+    x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((8, D), (D, ksize), (D,)))
+    args = (pool, x, w, cb, cu, rb, off, wb, spec)
+    y, out, err = backend.conv1d_update(*args, layer=1, layout=layout)
+    ry, rout, rerr = make_backend("reference").conv1d_update(*args, layer=1, layout=layout)
+    close(y, ry, np.float32)
+    assert (y[7] == 0).all() and err.tolist() == rerr.tolist() == [int(Fault.BAD_OFFSET), 5]
+    np.testing.assert_array_equal(out, rout)
+
+
+def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_backend):
+    # the first output of a 2-token row (the tiled path) and a 1-token row with the same
+    # history and token (the one-token path): the same sum in the same order
+    rng = np.random.default_rng(8)
+    for layout in ("SD", "DS"):
+        pool, x, w, cb = inputs(rng, 40, np.float32, layout)
+        x = np.concatenate([x[:2], x[:1]])
+        y, _, err = device_backend.conv1d_update(pool, x, w, cb, [0, 2, 3], [3, 3], [1, 1],
+                                                 [4, 5], [0, 0], layer=1, layout=layout)
+        assert err.tolist() == [0, 2**31 - 1]
+        np.testing.assert_array_equal(y[2], y[0])
 
 
 def test_faulty_rows_are_flagged_and_write_nothing(backend):
