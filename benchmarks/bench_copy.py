@@ -8,7 +8,7 @@ For each batch size B, B rows copy a random source block into a random destinati
   ``pool.index_copy_(1, dst, pool.index_select(1, src))``;
 - the conv pool ``[L, NB, 3, 8192]`` bf16 (SD layout), shifted by one row (bias 1): our
   ``mamba_align.backends.torch.ops.copy_conv_`` vs ``pool[:, dst, :W-1] = pool[:, src, 1:]``;
-- both pools in one launch (``copy_states_``, the whole pre-copy as ``StateRunner`` runs it);
+- both of our launches back to back (the whole pre-copy);
 - then, with the torch pools freed, the same copies in JAX on the same ids: our kernels
   through ``mamba_align.backends.jax.ops`` vs the ``p.at[:, dst].set(p[:, src])`` scatter a
   JAX user would write, each in a ``jax.jit`` with the pool and the error flag donated
@@ -142,8 +142,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         def ours_conv() -> None:
             tops.copy_conv_(conv, errors, src, dst, bias, layout="SD")
 
-        def pre_copy() -> None:  # both pools in one launch, as StateRunner copies them
-            tops.copy_states_(temporal, conv, errors, src, src, dst, bias, layout="SD")
+        def pre_copy() -> None:
+            ours_temporal()
+            ours_conv()
 
         cases = [
             ("ours", "temporal", tb, ours_temporal),

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             if fla is not None:
                 fla_rows(s, c, fla, rec, label)
             jax_rows(s, c, rec, args.small, records)
+            conv_sd_rows(s, c, rec, label)
             del c
             free(cuda)
     prefill_rows(s, dev, gen, fla, rec)
@@ -168,6 +169,21 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
         c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
 
     rec("conv", "fla_pooled", B, T, c.timed(conv_pooled), conv_bytes(s, B, K - 1))
+
+
+def conv_sd_rows(s, c: Case, rec, label: str) -> None:
+    """Ours on the same windows in an "SD" pool (``[W, D]`` blocks: a window row is
+    contiguous), checked against the reference first: op ``conv_sd``."""
+    B, T = c.B, c.T
+    c.cpool, c.conv_layout, c.i = c.cpool.transpose(2, 3).contiguous(), "SD", 0
+    y = c.conv()
+    for row in sorted({0, B - 1}):
+        check(f"ours conv SD {label} B={B} row {row}", y[row * T:(row + 1) * T],
+              c.conv_ref(row), 2e-2)
+    c.assert_clean(f"ours conv SD {label} B={B}")
+    rec("conv_sd", "ours", B, T, c.timed(c.conv),
+        conv_bytes(s, B, T + s["KC"] - 2 if c.spec else s["KC"] - 1))
+    c.assert_clean(f"ours conv SD {label} B={B}, timed")
 
 
 #: the Triton kernels the JAX rows launch, by the names a profiler trace gives them

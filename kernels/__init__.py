@@ -23,8 +23,8 @@ from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # no
                    check_pool, check_step_scalars, pool_scalars, table_scalars)
 from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa: E402
                           plan_postprocess)
-from .copy import (COPY_CONV, COPY_STATES, COPY_TEMPORAL, plan_copy_conv,  # noqa: E402
-                   plan_copy_states, plan_copy_temporal, pool_align, pool_copies)
+from .copy import (COPY_CONV, COPY_TEMPORAL, plan_copy_conv, plan_copy_temporal,  # noqa: E402
+                   pool_align, pool_copies)
 from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
 from .conv1d import CONV1D_UPDATE, plan_conv1d_update  # noqa: E402
 from .gdn import (GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES,  # noqa: E402
@@ -40,8 +40,7 @@ def interpreted(kernel) -> bool:
 
 
 #: Every operation both backends expose (one generic launcher each).
-OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, COPY_STATES,
-       CONV1D_UPDATE,
+OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, CONV1D_UPDATE,
        GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES, LINEAR, RMS_NORM, RMS_NORM_GATED,
        SILU_MUL)
 
@@ -49,7 +48,6 @@ __all__ = [
     "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
     "check_array", "check_pool", "check_step_scalars", "pool_scalars", "table_scalars",
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
-    "COPY_STATES", "plan_copy_states",
     "CONV1D_UPDATE", "plan_conv1d_update", "GATED_DELTA_RULE", "GATED_DELTA_RULE_FUSED_GATES",
     "plan_gated_delta_rule", "plan_gated_delta_rule_fused_gates",
     "LINEAR", "RMS_NORM", "RMS_NORM_GATED", "SILU_MUL", "plan_linear", "plan_rms_norm",

@@ -259,13 +259,14 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
         tl.store(wp + w_offs, new, mask=keep)
 
 
-def conv_tile(dim: int, num_rows: int, num_tokens: int) -> int:
-    """Channels per program: up to :data:`MAX_TILE_D` in batches of :data:`SMALL_BATCH`
-    rows or more that average more than one token per row; half that for a decode batch (a
-    one-token row is a short program: more of them in flight) and for a small batch (lower
-    latency where the GPU is not full). Every output is its own sum of the taps in order,
-    so the tile changes no bits."""
-    full = num_rows >= SMALL_BATCH and num_tokens > num_rows
+def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> int:
+    """Channels per program: up to :data:`MAX_TILE_D` from :data:`SMALL_BATCH` rows on;
+    half that in a smaller batch (lower latency where the GPU is not full) and in a "DS"
+    decode batch (at most one token per row on average: a one-token row's window is six
+    strided 2-byte reads per channel there, and more, shorter programs keep more of them in
+    flight; measured in benchmarks/README.md). Every output is its own sum of the taps in
+    order, so the tile changes no bits."""
+    full = num_rows >= SMALL_BATCH and (layout == "SD" or num_tokens > num_rows)
     cap = MAX_TILE_D if full else max(16, MAX_TILE_D // 2)
     return min(cap, next_pow2(max(dim, 16)))
 
@@ -309,7 +310,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     ("write_block", write_block)):
         check_array(name, a, (rows,))
     check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
-    tile = conv_tile(dim, rows, x.shape[0])
+    tile = conv_tile(dim, rows, x.shape[0], layout)
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,

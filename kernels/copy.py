@@ -13,13 +13,13 @@ a copy is a bit copy whatever the dtype. All offsets are int64.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Iterator, Mapping, Tuple
+from typing import Any, Iterator, Mapping, Tuple
 
 import triton
 import triton.language as tl
 
 from .bookkeeping import check_errors
-from .plan import (MAX_GRID_X, MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
+from .plan import (MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
                    check_pool, dtype_bits, largest_align, next_pow2, pool_scalars)
 from .rows import BAD_COPY, flag, flag_row
 
@@ -42,27 +42,18 @@ def copy_temporal_kernel(
     ALIGN: tl.constexpr,
     EVEN: tl.constexpr,
 ):
-    # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows
-    _temporal_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, num_rows, layer_stride,
-                   block_stride, block_numel, num_blocks, tl.program_id(0).to(tl.int64),
-                   tl.program_id(1).to(tl.int64), tl.program_id(2).to(tl.int64), TILE,
-                   ROWS_PER_PROGRAM, ALIGN, EVEN)
-
-
-@triton.jit
-def _temporal_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, num_rows, layer_stride,
-                   block_stride, block_numel, num_blocks, tile, layer, group,
-                   TILE: tl.constexpr, ROWS_PER_PROGRAM: tl.constexpr, ALIGN: tl.constexpr,
-                   EVEN: tl.constexpr):
+    # axis 0: a tile of the block, axis 1: a layer, axis 2: a group of ROWS_PER_PROGRAM rows.
     # The program copies its tile of its layer for each row of its group that copies, and
     # visits only those rows: a few copying rows among many still spread over all tiles
     # and layers, and a launch in which no row copies is one vector load per program (the
     # sources; a row's destination is read when the row is visited), two in the one
     # program per row group that also reads the destinations, to flag the group's bad ids.
-    rows = group * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
+    tile = tl.program_id(0).to(tl.int64)
+    layer = tl.program_id(1).to(tl.int64)
+    rows = tl.program_id(2).to(tl.int64) * ROWS_PER_PROGRAM + tl.arange(0, ROWS_PER_PROGRAM)
     in_batch = rows < num_rows
     src = tl.load(src_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
-    if (tile == 0) & (layer == 0):
+    if (tl.program_id(0) == 0) & (tl.program_id(1) == 0):
         dst = tl.load(dst_ptr + rows, mask=in_batch, other=-1).to(tl.int64)
         bad = in_batch & ((src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks))
         flag(errors_ptr, rows, tl.where(bad, BAD_COPY, 0))
@@ -112,30 +103,19 @@ def copy_conv_kernel(
     ALIGN: tl.constexpr,
     EVEN_D: tl.constexpr,
 ):
-    # axis 0: a row and a layer, axis 1: a run of TILES_PER_PROGRAM channel tiles
-    _conv_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, bias_ptr, num_layers, layer_stride,
-               block_stride, width, dim, num_blocks, tl.program_id(0).to(tl.int64),
-               tl.program_id(1).to(tl.int64), W_PAD, TILE_D, TILES_PER_PROGRAM, LAYOUT_DS,
-               ALIGN, EVEN_D)
-
-
-@triton.jit
-def _conv_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, bias_ptr, num_layers, layer_stride,
-               block_stride, width, dim, num_blocks, row_layer, run, W_PAD: tl.constexpr,
-               TILE_D: tl.constexpr, TILES_PER_PROGRAM: tl.constexpr,
-               LAYOUT_DS: tl.constexpr, ALIGN: tl.constexpr, EVEN_D: tl.constexpr):
     # Destination row i takes source row i + bias, for i < W - bias; other rows keep their
     # content. One program owns every row of its channel tile and loads them all before a
     # barrier and any store, so an in-place left shift (src == dst) behaves like memmove.
-    row = row_layer // num_layers
-    layer = row_layer % num_layers
+    pid = tl.program_id(0).to(tl.int64)
+    row = pid // num_layers
+    layer = pid % num_layers
     src = tl.load(src_ptr + row).to(tl.int64)
     dst = tl.load(dst_ptr + row).to(tl.int64)
     bias = tl.load(bias_ptr + row).to(tl.int64)
     bad = (src < -1) | (src >= num_blocks) | (dst < -1) | (dst >= num_blocks)
     copies = (src >= 0) & (dst >= 0) & ~bad
     bad = bad | (copies & ((bias < 0) | (bias >= width)))
-    if (layer == 0) & (run == 0):  # one program per row flags
+    if (layer == 0) & (tl.program_id(1) == 0):  # one program per row flags
         flag_row(errors_ptr, row, tl.where(bad, BAD_COPY, 0))
     if copies & ~bad & ((src != dst) | (bias != 0)):
         src_base = layer * layer_stride + src * block_stride
@@ -145,7 +125,7 @@ def _conv_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, bias_ptr, num_layers, lay
             dst_base = tl.multiple_of(dst_base, ALIGN)
         w = tl.arange(0, W_PAD).to(tl.int64)
         keep = w + bias < width  # [W_PAD] destination rows that receive a source row
-        first = run * TILES_PER_PROGRAM
+        first = tl.program_id(1).to(tl.int64) * TILES_PER_PROGRAM
         for t in range(first, first + TILES_PER_PROGRAM):
             d = t * TILE_D + tl.arange(0, TILE_D)
             if LAYOUT_DS:  # block [D, W]: shift along the last axis
@@ -167,59 +147,6 @@ def _conv_part(pool_ptr, errors_ptr, src_ptr, dst_ptr, bias_ptr, num_layers, lay
             x = tl.load(pool_ptr + src_base + src_offs, mask=mask)
             tl.debug_barrier()
             tl.store(pool_ptr + dst_base + dst_offs, x, mask=mask)
-
-
-@triton.jit
-def copy_states_kernel(
-    temporal_in_ptr,  # aliased with temporal_ptr
-    conv_in_ptr,  # aliased with conv_ptr
-    errors_in_ptr,  # aliased with errors_ptr
-    tsrc_ptr,  # [rows] the temporal copy's source block, -1 = no copy
-    csrc_ptr,  # [rows] the conv copy's source block, -1 = no copy
-    dst_ptr,  # [rows] the destination block of both
-    bias_ptr,  # [rows] the conv copy's bias
-    num_rows,
-    t_layer_stride,
-    t_block_stride,
-    t_block_numel,
-    t_num_blocks,
-    t_tiles,  # the temporal copy's grid: tiles x layers x row groups ...
-    t_layers,
-    t_programs,
-    c_num_layers,
-    c_layer_stride,
-    c_block_stride,
-    width,
-    dim,
-    c_num_blocks,
-    c_runs,  # ... then the conv copy's: rows x layers x runs of channel tiles
-    temporal_ptr,
-    conv_ptr,
-    errors_ptr,
-    TILE: tl.constexpr,
-    ROWS_PER_PROGRAM: tl.constexpr,
-    T_ALIGN: tl.constexpr,
-    EVEN: tl.constexpr,
-    W_PAD: tl.constexpr,
-    TILE_D: tl.constexpr,
-    TILES_PER_PROGRAM: tl.constexpr,
-    LAYOUT_DS: tl.constexpr,
-    C_ALIGN: tl.constexpr,
-    EVEN_D: tl.constexpr,
-):
-    # both copies of a step in one launch: the temporal copy's programs first on axis 0,
-    # then the conv copy's (each as in its own kernel)
-    pid = tl.program_id(0).to(tl.int64)
-    if pid < t_programs:
-        _temporal_part(temporal_ptr, errors_ptr, tsrc_ptr, dst_ptr, num_rows, t_layer_stride,
-                       t_block_stride, t_block_numel, t_num_blocks, pid % t_tiles,
-                       (pid // t_tiles) % t_layers, pid // (t_tiles * t_layers), TILE,
-                       ROWS_PER_PROGRAM, T_ALIGN, EVEN)
-    else:
-        p = pid - t_programs
-        _conv_part(conv_ptr, errors_ptr, csrc_ptr, dst_ptr, bias_ptr, c_num_layers,
-                   c_layer_stride, c_block_stride, width, dim, c_num_blocks, p // c_runs,
-                   p % c_runs, W_PAD, TILE_D, TILES_PER_PROGRAM, LAYOUT_DS, C_ALIGN, EVEN_D)
 
 
 #: Programs a copy launch aims for. Every program starts and exits even when its rows copy
@@ -352,55 +279,6 @@ def plan_copy_conv(pool: ArraySpec, errors: ArraySpec, src: ArraySpec, dst: Arra
     )
 
 
-def _named(part: str, build, *args, **kwargs) -> LaunchPlan:
-    """``build(*args, **kwargs)``, its argument errors told in the caller's names."""
-    try:
-        return build(*args, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"{e} ({part})") from None
-
-
-@functools.lru_cache(maxsize=256, typed=True)
-def plan_copy_states(temporal: ArraySpec, conv: ArraySpec, errors: ArraySpec, tsrc: ArraySpec,
-                     csrc: ArraySpec, dst: ArraySpec, bias: ArraySpec, *,
-                     layout: str) -> LaunchPlan:
-    """:func:`plan_copy_temporal` and :func:`plan_copy_conv` in one launch: the two grids
-    flattened one after the other on axis 0, the larger warp count of the two."""
-    tp = _named("the temporal copy (pool = temporal, src = tsrc)", plan_copy_temporal,
-                temporal, errors, tsrc, dst)
-    cp = _named("the conv copy (pool = conv, src = csrc)", plan_copy_conv, conv, errors, csrc,
-                dst, bias, layout=layout)
-    t, c = dict(tp.scalars), dict(cp.scalars)
-    t_programs = 0 if tp.skip else tp.grid[0] * tp.grid[1] * tp.grid[2]
-    c_programs = 0 if cp.skip else cp.grid[0] * cp.grid[1]
-    if t_programs + c_programs > MAX_GRID_X:
-        raise ValueError(f"the copies need {t_programs + c_programs} programs, more than "
-                         f"one launch takes ({MAX_GRID_X})")
-    tk, ck = tp.constexprs, cp.constexprs
-    return LaunchPlan(
-        kernel=copy_states_kernel,
-        grid=(max(1, t_programs + c_programs),),
-        inputs=("temporal", "conv", "errors", "tsrc", "csrc", "dst", "bias"),
-        scalars=(("num_rows", t["num_rows"]), ("t_layer_stride", t["layer_stride"]),
-                 ("t_block_stride", t["block_stride"]), ("t_block_numel", t["block_numel"]),
-                 ("t_num_blocks", t["num_blocks"]), ("t_tiles", tp.grid[0]),
-                 ("t_layers", tp.grid[1]), ("t_programs", t_programs),
-                 ("c_num_layers", c["num_layers"]), ("c_layer_stride", c["layer_stride"]),
-                 ("c_block_stride", c["block_stride"]), ("width", c["width"]),
-                 ("dim", c["dim"]), ("c_num_blocks", c["num_blocks"]), ("c_runs", cp.grid[1])),
-        outputs=("temporal", "conv", "errors"),
-        aliases={"temporal": "temporal", "conv": "conv", "errors": "errors"},
-        views={"temporal": tp.views["pool"], "conv": cp.views["pool"]},
-        constexprs={"TILE": tk["TILE"], "ROWS_PER_PROGRAM": tk["ROWS_PER_PROGRAM"],
-                    "T_ALIGN": tk["ALIGN"], "EVEN": tk["EVEN"], "W_PAD": ck["W_PAD"],
-                    "TILE_D": ck["TILE_D"], "TILES_PER_PROGRAM": ck["TILES_PER_PROGRAM"],
-                    "LAYOUT_DS": ck["LAYOUT_DS"], "C_ALIGN": ck["ALIGN"],
-                    "EVEN_D": ck["EVEN_D"]},
-        num_warps=max(tp.num_warps, cp.num_warps),
-        skip=t_programs + c_programs == 0,
-    )
-
-
 COPY_TEMPORAL = Op(
     name="copy_temporal",
     arrays=("pool", "errors", "src", "dst"),
@@ -435,47 +313,22 @@ COPY_CONV = Op(
 )
 
 
-COPY_STATES = Op(
-    name="copy_states",
-    arrays=("temporal", "conv", "errors", "tsrc", "csrc", "dst", "bias"),
-    statics=(Static("layout", str),),
-    plan=plan_copy_states,
-    mutates=("temporal", "conv", "errors"),
-    returns=(),
-    doc="""``copy_temporal(temporal, errors, tsrc, dst)`` and ``copy_conv(conv, errors, csrc,
-    dst, bias, layout=layout)`` in one launch (a step's pre-copy or post-process copies of a
-    temporal and a conv pool): the same copies and the same flag, one launch fewer. Both
-    pools are updated in place.""",
-)
-
-
 def pool_copies(kinds: Mapping[str, str], pools: Mapping[str, Any],
-                copy_plan: Mapping[str, Any]
-                ) -> Iterator[Tuple[Dict[str, str], Op, dict, dict]]:
+                copy_plan: Mapping[str, Any]) -> Iterator[Tuple[str, Op, dict, dict]]:
     """How a step's physical copy plan (``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
-    ``copy_bias``) reaches the pools: ``kinds`` is ``CacheConfig.copy_kinds()``
-    (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name). A temporal pool and a conv pool
-    share one launch (:data:`COPY_STATES`: the i-th of each kind, in ``kinds``' order);
-    the pools left over get one each. Yields per launch: which pool each of the op's
-    in-place pool arrays is (``{op array: pool name}``), the op, the op's arrays but
-    ``errors`` (the backend adds its error flag: a functional one threads the updated flag
-    from one launch to the next) and its static options. Both backends apply a copy plan
-    through this."""
-    temporal = [n for n, k in kinds.items() if k == "temporal"]
-    conv = [n for n, k in kinds.items() if k != "temporal"]
-    ids = {"tsrc": copy_plan["copy_tsrc"], "csrc": copy_plan["copy_csrc"],
-           "dst": copy_plan["copy_dst"], "bias": copy_plan["copy_bias"]}
-    for t, c in zip(temporal, conv):
-        yield ({"temporal": t, "conv": c}, COPY_STATES,
-               dict(ids, temporal=pools[t], conv=pools[c]), {"layout": kinds[c]})
-    pairs = min(len(temporal), len(conv))
-    for name in temporal[pairs:]:
-        yield {"pool": name}, COPY_TEMPORAL, {"pool": pools[name], "src": ids["tsrc"],
-                                              "dst": ids["dst"]}, {}
-    for name in conv[pairs:]:
-        yield {"pool": name}, COPY_CONV, {"pool": pools[name], "src": ids["csrc"],
-                                          "dst": ids["dst"], "bias": ids["bias"]}, \
-            {"layout": kinds[name]}
+    ``copy_bias``) reaches each pool: ``kinds`` is ``CacheConfig.copy_kinds()``
+    (``"temporal"``, ``"SD"`` or ``"DS"`` per pool name). Yields, per pool, its name, the op
+    to launch, the op's arrays but ``errors`` (the backend adds its error flag: a
+    functional one threads the updated flag from one launch to the next) and its static
+    options. Both backends apply a copy plan through this."""
+    for name, kind in kinds.items():
+        if kind == "temporal":
+            yield name, COPY_TEMPORAL, {"pool": pools[name], "src": copy_plan["copy_tsrc"],
+                                        "dst": copy_plan["copy_dst"]}, {}
+        else:
+            yield name, COPY_CONV, {"pool": pools[name], "src": copy_plan["copy_csrc"],
+                                    "dst": copy_plan["copy_dst"],
+                                    "bias": copy_plan["copy_bias"]}, {"layout": kind}
 
 
 def _pow2(align: int) -> int:

@@ -81,9 +81,6 @@ class Backend:
 
     def copy_conv(self, pool, src, dst, bias, layout): ...
 
-    # both copies in one launch -> (new temporal pool, new conv pool, error flag)
-    def copy_states(self, temporal, conv, tsrc, csrc, dst, bias, layout): ...
-
     # recurrences -> (outputs, new pool, error flag [bits, lowest faulty row])
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"): ...
@@ -142,12 +139,6 @@ class Reference(Backend):
         out, bias = pool.copy(), np.where(fault == 0, bias, 0)
         apply_conv_copy(out, copy_plan(src, src, dst, bias), layout)
         return out, flag_of(fault).astype(np.int64)
-
-    def copy_states(self, temporal, conv, tsrc, csrc, dst, bias, layout):
-        # the two copies; the one flag holds both faults (bits ORed, the lowest row)
-        t, et = self.copy_temporal(temporal, tsrc, dst)
-        c, ec = self.copy_conv(conv, csrc, dst, bias, layout)
-        return t, c, np.array([et[0] | ec[0], min(et[1], ec[1])], np.int64)
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):
@@ -248,13 +239,6 @@ class Torch(Backend):
                             layout=layout)
         return self.host(t), self.host(errors).astype(np.int64)
 
-    def copy_states(self, temporal, conv, tsrc, csrc, dst, bias, layout):
-        t, c = self.pool(temporal), self.pool(conv)
-        errors = self.torch.from_numpy(new_errors()).to(self.device)
-        self.ops.copy_states_(t, c, errors, *(self.ids(a) for a in (tsrc, csrc, dst, bias)),
-                              layout=layout)
-        return self.host(t), self.host(c), self.host(errors).astype(np.int64)
-
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):
         t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
@@ -348,14 +332,6 @@ class Jax(Backend):
         out = self.ops.copy_conv(self.jnp.asarray(pool), self.jnp.asarray(new_errors()),
                                  self.ids(src), self.ids(dst), self.ids(bias), layout=layout)
         return np.asarray(out["pool"]), np.asarray(out["errors"]).astype(np.int64)
-
-    def copy_states(self, temporal, conv, tsrc, csrc, dst, bias, layout):
-        A = self.jnp.asarray  # noqa: N806
-        out = self.ops.copy_states(A(temporal), A(conv), A(new_errors()),
-                                   *(self.ids(a) for a in (tsrc, csrc, dst, bias)),
-                                   layout=layout)
-        return (np.asarray(out["temporal"]), np.asarray(out["conv"]),
-                np.asarray(out["errors"]).astype(np.int64))
 
     def conv1d_update(self, pool, x, weight, bias, cu, rb, off, wb, spec, *, layer, layout,
                       activation="silu"):

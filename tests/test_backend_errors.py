@@ -94,12 +94,6 @@ CASES = [
      TypeError, "missing the keyword option 'layout'"),
     ("copy_temporal", lambda a: ((a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2)),
                                  {"layout": "SD"}), TypeError, "unexpected options"),
-    ("copy_states", lambda a: ((a.f32(2, 6, 3, 4), a.f32(2, 6, 3, 4), a.err(), a.ids(1, 2),
-                                a.ids(1), a.ids(2), a.ids(0)), {"layout": "SD"}),
-     ValueError, r"dst must have shape .* \(the temporal copy \(pool = temporal, src = tsrc"),
-    ("copy_states", lambda a: ((a.f32(2, 6, 3, 4), a.f32(6, 3, 4), a.err(), a.ids(1),
-                                a.ids(1), a.ids(2), a.ids(0)), {"layout": "SD"}),
-     ValueError, r"pool must be .* \(the conv copy \(pool = conv"),
     # bookkeeping
     ("add_requests", lambda a: ((*slots4(a), a.ids(0), a.ids(1)), {"block_size": 0}),
      ValueError, "block_size"),

@@ -87,73 +87,25 @@ def test_random_plans_match_the_elementwise_reading(backend):
     run()
 
 
-@pytest.mark.parametrize("extra", [False, True])
-def test_copy_plan_dispatch_per_state_kind(backend, extra):
+def test_copy_plan_dispatch_per_state_kind(backend):
     # the runners apply a step's copy plan to each pool by its kind (kernels.pool_copies;
-    # the core's apply_copy): temporal whole blocks, conv shifted by the bias; a temporal
-    # and a conv pool share a launch (COPY_STATES), a third pool gets its own
-    states = {"conv": ConvSpec(3, 4, "DS", "float32"), "ssm": TemporalSpec((2, 3), "float32")}
-    if extra:
-        states["ssm2"] = TemporalSpec((5,), "float16")
-    cfg = CacheConfig(4, 1, 2, states)
+    # the core's apply_copy): temporal whole blocks, conv shifted by the bias
+    cfg = CacheConfig(4, 1, 2, {"conv": ConvSpec(3, 4, "DS", "float32"),
+                                "ssm": TemporalSpec((2, 3), "float32")})
     rng = np.random.default_rng(1)
-    pools = {n: random_pool(rng, cfg.pool_shape(n, 6), np.dtype(spec.dtype))
-             for n, spec in cfg.states.items()}
+    pools = {n: random_pool(rng, cfg.pool_shape(n, 6), np.float32) for n in cfg.states}
     plan = {"copy_tsrc": [3], "copy_csrc": [2], "copy_dst": [4], "copy_bias": [1]}
     if backend.name == "reference":
         got = {n: p.copy() for n, p in pools.items()}
         apply_copy(got, cfg, copy_plan(*plan.values()))
     else:
         got = backend.copy_pools(pools, cfg.copy_kinds(), plan)
-    launches = [(names, op.name) for names, op, _, _ in kc.pool_copies(cfg.copy_kinds(), pools,
-                                                                       plan)]
-    assert launches == [({"temporal": "ssm", "conv": "conv"}, "copy_states")] + (
-        [({"pool": "ssm2"}, "copy_temporal")] if extra else [])
-    for n in ("ssm", "ssm2") if extra else ("ssm",):
-        assert same_bytes(got[n][:, 4], pools[n][:, 3])
+    assert same_bytes(got["ssm"][:, 4], pools["ssm"][:, 3])
     assert same_bytes(got["conv"][:, 4, :, :2], pools["conv"][:, 2, :, 1:])
     assert same_bytes(got["conv"][:, 4, :, 2:], pools["conv"][:, 4, :, 2:])
     for n in pools:
         others = [b for b in range(6) if b != 4]
         assert same_bytes(got[n][:, others], pools[n][:, others])
-
-
-@pytest.mark.parametrize("layout", ["SD", "DS"])
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_copy_states_is_both_copies_in_one_launch(backend, layout, seed):
-    # kernels.COPY_STATES (what the runners launch for a temporal and a conv pool) against
-    # the two copies: pools of different layer counts and dtypes, good rows, in-place
-    # shifts, and rows made bad in one id or the bias (flagged once, copy nothing)
-    rng = np.random.default_rng(seed)
-    rows, nb, S, D = 6, 16, 2, 40
-    p = random_copy_plan(rng, rows, nb, S)
-    tsrc, csrc, dst, bias = (np.array(a) for a in (p.tsrc, p.csrc, p.dst, p.bias))
-    bad = rng.choice(rows, 2, replace=False)
-    tsrc[bad[0]], bias[bad[1]] = nb + seed, 4 + S  # an id past NB; a bias past W
-    csrc[bad[1]] = max(csrc[bad[1]], 0)
-    temporal = random_pool(rng, (3, nb, 5, 7), np.float32)
-    W = 3 + S
-    conv = random_pool(rng, (2, nb, W, D) if layout == "SD" else (2, nb, D, W),
-                       ml_dtypes.bfloat16)
-    got = backend.copy_states(temporal, conv, tsrc, csrc, dst, bias, layout)
-    ref = make_backend("reference").copy_states(temporal, conv, tsrc, csrc, dst, bias, layout)
-    assert same_bytes(got[0], ref[0]) and same_bytes(got[1], ref[1])
-    assert got[2].tolist() == ref[2].tolist() == [Fault.BAD_COPY, min(bad)]
-    if backend.name != "reference":  # the fused launch = its two parts, launched alone
-        t, et = backend.copy_temporal(temporal, tsrc, dst)
-        c, ec = backend.copy_conv(conv, csrc, dst, bias, layout)
-        assert same_bytes(got[0], t) and same_bytes(got[1], c)
-
-
-def test_copy_states_with_an_empty_pool_copies_the_other(backend):
-    rng = np.random.default_rng(3)
-    temporal = np.zeros((0, 6, 4), np.float32)  # no layers: no temporal program
-    conv = random_pool(rng, (2, 6, 3, 8), np.float32)
-    t, c, errors = backend.copy_states(temporal, conv, [1], [2], [4], [1], "SD")
-    assert t.shape == (0, 6, 4) and errors.tolist() == [0, NO_ROW]
-    want = conv.copy()
-    want[:, 4, :2] = conv[:, 2, 1:]
-    assert same_bytes(c, want)
 
 
 def test_the_reference_rejects_rows_that_race():

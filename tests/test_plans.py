@@ -18,9 +18,7 @@ SAMPLE_ARRAYS = {  # a valid call of every op, by parameter name
     "is_spec": K.ArraySpec.row_major((3,), "bool"), "num_sampled": IDS,
     "block_table": K.ArraySpec.row_major((4, 6), "int32"),
     "pool": K.ArraySpec.row_major((2, 5, 3, 8), "bfloat16"),
-    "src": IDS, "dst": IDS, "bias": IDS, "tsrc": IDS, "csrc": IDS,
-    "temporal": K.ArraySpec.row_major((2, 5, 4, 4), "float32"),
-    "conv": K.ArraySpec.row_major((2, 5, 3, 8), "bfloat16"),
+    "src": IDS, "dst": IDS, "bias": IDS,
 }
 SAMPLE_STATICS = {"block_size": 4, "num_spec": 2, "num_blocks": 5, "mode": "copy-free",
                   "layout": "SD", "layer": 1}
@@ -83,7 +81,7 @@ def test_declarations_agree_with_the_plans(op):
 def test_an_empty_batch_launches_nothing(op):
     empty = K.ArraySpec.row_major((0,), "int64")
     rows = {"slots", "num_computed_new", "idx_mapping", "query_len", "num_sampled", "src",
-            "tsrc", "csrc", "dst", "bias"} & set(op.arrays)
+            "dst", "bias"} & set(op.arrays)
     if "cu_seqlens" in op.arrays:
         rows -= {"bias"}  # the conv's per-channel bias, not a per-row id
     change = {n: empty for n in rows}

@@ -90,7 +90,6 @@ preprocess_resolve = public(K.PREPROCESS_RESOLVE)
 postprocess = public(K.POSTPROCESS)
 copy_temporal = public(K.COPY_TEMPORAL)
 copy_conv = public(K.COPY_CONV)
-copy_states = public(K.COPY_STATES)
 conv1d_update = public(K.CONV1D_UPDATE)
 gated_delta_rule = public(K.GATED_DELTA_RULE)
 gated_delta_rule_fused_gates = public(K.GATED_DELTA_RULE_FUSED_GATES)
@@ -109,8 +108,7 @@ def copy_pools(pools: Mapping[str, Array], kinds: Mapping[str, str],
     ``BAD_COPY``. Returns ``pools`` with those updated and the error flag ``errors``
     (int32 ``[2]``) with the copies' faults ORed in."""
     out = dict(pools)
-    for names, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
+    for name, op, arrays, statics in K.pool_copies(kinds, pools, copy_plan):
         res = launch(op, dict(arrays, errors=errors), statics)
-        out.update({pool: res[arg] for arg, pool in names.items()})
-        errors = res["errors"]
+        out[name], errors = res["pool"], res["errors"]
     return out, errors
