@@ -183,7 +183,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "timer": ("graph: triton.testing.do_bench_cudagraph (median, device time of a "
+        "timer": ("graph: timing.graph_ms (do_bench_cudagraph's method, thread-local "
+                  "capture: median, device time of a "
                   "CUDA-graph replay); eager: triton.testing.do_bench (median, host launch cost "
                   "included when it exceeds the kernel's time)" if cuda
                   else "time.perf_counter, median of 3 (CPU fallback, not a GPU number)"),

@@ -112,7 +112,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         "conv_groups": True,  # the conv pool and fla's caches cycle groups of their own
         "fla_conv_tuned_per_batch": True,  # retune_fla_conv with no disk cache
         "gdn_register_cap": gdn_kernels.REGISTER_CAP,
-        "timer": "triton.testing.do_bench_cudagraph (median device time of a CUDA-graph "
+        "timer": "timing.graph_ms (triton.testing.do_bench_cudagraph's method, thread-local "
+                 "capture: median device time of a CUDA-graph "
                  "replay); ours_jax: GPU busy time from a jax.profiler trace",
     }
     return {"header": header, "records": records}
