@@ -34,13 +34,14 @@ def recurrent_md(results: Path) -> str:
     h = data["header"]
     rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r for r in data["records"]}
     shp = h["shapes"]
+    sd_note = (" (`conv_sd` rows: the same windows in an SD pool, whose window rows are "
+               "contiguous; their fla columns repeat fla's `[B, D, K]` cache)"
+               if any(op == "conv_sd" for op, _, _, _ in rec) else "")
     lines = [f"- Card: {h['device']}; torch {h['torch']}, triton {h['triton']}, fla "
              f"{h['fla']}, jax-triton {h['jax_triton']}; {h['date']}.",
              f"- Shapes: H = {shp['H']}, HV = {shp['HV']}, K = V = {shp['K']}, bf16 q/k/v, fp32 "
              f"state pool, in-kernel gates and q/k l2norm; conv D = {shp['D']}, K = {shp['KC']}, "
-             f"bf16 DS pool of width {shp['KC'] - 1 + shp['S']} (`conv_sd` rows: the same "
-             "windows in an SD pool, whose window rows are contiguous; their fla columns repeat "
-             f"fla's `[B, D, K]` cache); S = {shp['S']}.",
+             f"bf16 DS pool of width {shp['KC'] - 1 + shp['S']}{sd_note}; S = {shp['S']}.",
              f"- Timing: {h['timer']}. TB/s counts state bytes only (read once + every state "
              f"written); copy ceiling in the same run {h['ceiling']['tbps']:.2f} TB/s.",
              "- fla: `fused_recurrent_gated_delta_rule` / `causal_conv1d_update` on contiguous "
@@ -101,6 +102,8 @@ def recurrent_md(results: Path) -> str:
         met = bool(values) and all(v is not None and ok(v) for v in values)
         return name, shown, met
 
+    probe_path = results / CONV_PROBE
+    probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
     big = [B for B in shp["batches"] if B >= 64]
     every = shp["batches"]
     S1 = 1 + shp["S"]
@@ -119,12 +122,13 @@ def recurrent_md(results: Path) -> str:
                 lambda v: v <= GDN_B1_US, (".1f", " µs")),
          target("gdn spec ≥ %.1f TB/s at B ≥ 64" % GDN_SPEC_TBPS,
                 [val("gdn", "ours", B, S1) for B in big], lambda v: v >= GDN_SPEC_TBPS, tb),
-         target("conv (DS pool) ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
+         *([] if probe else [
+          target("conv (DS pool) ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
                 [_pct(ratio(("conv", "fla", B, 1, "ms"), ("conv", "ours", B, 1, "ms")))
                  for B in every], lambda v: v >= VS_FLA_PCT, pct),
-         target("conv (DS pool) ≥ %.0fx fla pooled, every B" % CONV_VS_POOLED,
-                [ratio(("conv", "fla_pooled", B, 1, "ms"), ("conv", "ours", B, 1, "ms"))
-                 for B in every], lambda v: v >= CONV_VS_POOLED, x),
+          target("conv (DS pool) ≥ %.0fx fla pooled, every B" % CONV_VS_POOLED,
+                 [ratio(("conv", "fla_pooled", B, 1, "ms"), ("conv", "ours", B, 1, "ms"))
+                  for B in every], lambda v: v >= CONV_VS_POOLED, x)]),
          *([target("conv, SD pool, ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
                    [_pct(ratio(("conv", "fla", B, 1, "ms"), ("conv_sd", "ours", B, 1, "ms")))
                     for B in every], lambda v: v >= VS_FLA_PCT, pct),
@@ -147,10 +151,59 @@ def recurrent_md(results: Path) -> str:
     lines += ["", "### Targets", "", "| target | measured (B = " +
               ", ".join(str(b) for b in shp["batches"]) + " where listed) | |", "|---|---|---|"]
     lines += [f"| {name} | {got} | {_mark(ok)} |" for name, got, ok in t]
+    if probe:
+        lines += ["", *conv_probe_md(probe, _shown(probe_path), target)]
     lines += ["", "What limits the missed ones: benchmarks/README.md (\"Recurrent kernels\").", "",
               "![recurrent kernels vs fla](benchmarks/results/recurrent_h200.png)", "",
               f"Source: `{_shown(path)}` (written by `benchmarks/bench_recurrent.py`)."]
     return head + "\n".join(lines)
+
+
+#: the conv update's same-run probe at the kernel's own tiles (probe_conv_update.py --label
+#: rule --layouts DS SD --tiles default): when present, the conv targets are read from it
+CONV_PROBE = "probe_conv_update_rule_h200.json"
+
+
+def conv_probe_md(probe: Dict[str, Any], source: str, target) -> List[str]:
+    """The conv update against fla alone and pooled from the probe (one process: ours on a
+    DS pool and on the same windows in an SD pool, fla on the DS windows), and the conv
+    targets on those figures."""
+    us = {(r["layout"], r["method"], r["batch"], r["tokens_per_row"]): r["us"]
+          for r in probe["rows"]}
+    batches = sorted({b for _, _, b, _ in us})
+    lines = ["### Conv update, current kernel (same-run probe)", "",
+             f"`{source}` (`benchmarks/probe_conv_update.py`, {probe['device']}): the conv "
+             "update at its own tiles on a DS pool and on the same windows in an SD pool, fla "
+             "alone and pooled in the same process. It supersedes the conv rows of the table "
+             "above, which are from the earlier run of `bench_recurrent.py`.", "",
+             "| layout | T | B | ours µs | fla µs | fla pooled µs | ours vs fla | "
+             "ours vs pooled |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for layout in ("DS", "SD"):
+        for T in sorted({t for _, _, _, t in us}):
+            for B in batches:
+                o = us.get((layout, "ours", B, T))
+                if o is None:
+                    continue
+                f, fp = us.get(("DS", "fla", B, T)), us.get(("DS", "fla_pooled", B, T))
+                lines.append(f"| {layout} | {T} | {B} | {o:.1f} | {_fmt(f, '.1f')} | "
+                             f"{_fmt(fp, '.1f')} | {_fmt(f and 100 * f / o, '.0f', ' %')} | "
+                             f"{_fmt(fp and fp / o, '.1f', 'x')} |")
+    rows = []
+    for layout in ("DS", "SD"):
+        vs = [None if us.get((layout, "ours", B, 1)) is None or us.get(("DS", "fla", B, 1)) is None
+              else 100 * us[("DS", "fla", B, 1)] / us[(layout, "ours", B, 1)] for B in batches]
+        pooled = [None if us.get((layout, "ours", B, 1)) is None
+                  or us.get(("DS", "fla_pooled", B, 1)) is None
+                  else us[("DS", "fla_pooled", B, 1)] / us[(layout, "ours", B, 1)]
+                  for B in batches]
+        rows += [target(f"conv ({layout} pool) ≥ %.0f %% of fla alone, every B" % VS_FLA_PCT,
+                        vs, lambda v: v >= VS_FLA_PCT, (".0f", " %")),
+                 target(f"conv ({layout} pool) ≥ %.0fx fla pooled, every B" % CONV_VS_POOLED,
+                        pooled, lambda v: v >= CONV_VS_POOLED, (".1f", "x"))]
+    lines += ["", "| target (decode, B = " + ", ".join(str(b) for b in batches) +
+              ") | measured | |", "|---|---|---|"]
+    lines += [f"| {name} | {got} | {_mark(ok)} |" for name, got, ok in rows]
+    return lines
 
 
 def table(data: Dict[str, Any]) -> str:
