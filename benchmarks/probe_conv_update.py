@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -84,7 +85,8 @@ def main() -> None:
     kconv.conv_tile, kconv.NUM_WARPS = default_tile, default_warps
     out = Path(args.out) / f"probe_conv_update_{args.label}_h200.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name() if cuda else "cpu",
-                               "rows": rows}, indent=1))
+                               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                                   timespec="seconds"), "rows": rows}, indent=1))
 
 
 def fla_rows(s, c: Case, fla, keep) -> None:

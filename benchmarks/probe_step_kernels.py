@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import statistics
 import sys
@@ -89,6 +90,7 @@ def main() -> None:
             gaps[i].append(ks[i + 1].time_range.start - ks[i].time_range.end)
         span.append(ks[-1].time_range.end - ks[0].time_range.start)
     rec = {"label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "us_per_step_event_timer": statistics.median(per_step),
            "kernels": [{"name": names[i], "us": statistics.median(dur[i])} for i in range(per)],
            "gaps_us": [statistics.median(gaps[i]) for i in range(per - 1)],

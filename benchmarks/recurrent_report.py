@@ -102,8 +102,11 @@ def recurrent_md(results: Path) -> str:
         met = bool(values) and all(v is not None and ok(v) for v in values)
         return name, shown, met
 
+    # the probe came after the last benchmark run that lacked conv_sd rows; a run with them
+    # is newer than it, and its own conv rows count
     probe_path = results / CONV_PROBE
-    probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
+    probe = (json.loads(probe_path.read_text()) if probe_path.exists()
+             and not any(op == "conv_sd" for op, _, _, _ in rec) else None)
     big = [B for B in shp["batches"] if B >= 64]
     every = shp["batches"]
     S1 = 1 + shp["S"]
@@ -160,7 +163,8 @@ def recurrent_md(results: Path) -> str:
 
 
 #: the conv update's same-run probe at the kernel's own tiles (probe_conv_update.py --label
-#: rule --layouts DS SD --tiles default): when present, the conv targets are read from it
+#: rule --layouts DS SD --tiles default): when present and the benchmark's run has no
+#: conv_sd rows (it predates the probe), the conv targets are read from it
 CONV_PROBE = "probe_conv_update_rule_h200.json"
 
 
@@ -169,7 +173,7 @@ def conv_probe_md(probe: Dict[str, Any], source: str, target) -> List[str]:
     DS pool and on the same windows in an SD pool, fla on the DS windows), and the conv
     targets on those figures."""
     us = {(r["layout"], r["method"], r["batch"], r["tokens_per_row"]): r["us"]
-          for r in probe["rows"]}
+          for r in probe["rows"] if r["tile"] in ("default", "autotuned")}  # the kernel's own
     batches = sorted({b for _, _, b, _ in us})
     lines = ["### Conv update, current kernel (same-run probe)", "",
              f"`{source}` (`benchmarks/probe_conv_update.py`, {probe['device']}): the conv "

@@ -62,7 +62,7 @@ def _full_at(rp, x_ptr, off, t0, i, d, x_stride, num_tokens, has_hist, mask, dty
 def _row_at(ptr, pos, d, WIDTH: tl.constexpr, DIM: tl.constexpr,
             LAYOUT_DS: tl.constexpr):
     """Row ``pos`` (a scalar) of the conv window at ``ptr``: ``[len(d)]`` offsets, int32
-    (a block holds fewer than 2^31 elements)."""
+    (the plan refuses a block of 2^31 elements or more)."""
     if LAYOUT_DS:
         return ptr + d * WIDTH + pos
     return ptr + pos * DIM + d
@@ -76,26 +76,25 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     """A row of one token (``K <= 4``): ``full = h0, .., h[K-2], x``; the same sum as the
     tiled path (the taps in order, then the bias), each input loaded once and held, and the
     new window ``full[1:]`` stored from registers. A lane stores only the channels it
-    loaded, so the window may be rewritten in place without a barrier."""
+    loaded, after loading them (a data dependence), so the window may be rewritten in place
+    without a barrier."""
     dm = d < DIM
     hm = dm & has_hist
     pos = tl.where(has_hist, off, 0).to(tl.int32)
     rp = pool_ptr + rbase
-    h0 = tl.load(_row_at(rp, pos, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0).to(tl.float32)
+    # the window's values as loaded (stored back as they are: a bit copy), fp32 for the sum
+    h0 = tl.load(_row_at(rp, pos, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
     h1 = h0
     h2 = h0
     if K > 2:
-        h1 = tl.load(_row_at(rp, pos + 1, d, WIDTH, DIM, LAYOUT_DS), mask=hm,
-                     other=0).to(tl.float32)
+        h1 = tl.load(_row_at(rp, pos + 1, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
     if K > 3:
-        h2 = tl.load(_row_at(rp, pos + 2, d, WIDTH, DIM, LAYOUT_DS), mask=hm,
-                     other=0).to(tl.float32)
+        h2 = tl.load(_row_at(rp, pos + 2, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
     x_row = t0 * x_stride
     if X_ALIGN > 1:
         x_row = tl.multiple_of(x_row, X_ALIGN)
-    xv = tl.load(x_ptr + x_row + d, mask=dm & (t0 >= 0) & (t0 < num_tokens),
-                 other=0).to(tl.float32)
-    wp = weight_ptr + d * w_stride
+    xv = tl.load(x_ptr + x_row + d, mask=dm & (t0 >= 0) & (t0 < num_tokens), other=0)
+    wp = weight_ptr + d.to(tl.int64) * w_stride
     w0 = tl.load(wp, mask=dm, other=0).to(tl.float32)
     w1 = tl.load(wp + 1, mask=dm, other=0).to(tl.float32)
     w2 = w1
@@ -108,16 +107,16 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     y_at = y_ptr + t0 * DIM + d
     if fault == 0:
         acc = tl.zeros(d.shape, tl.float32)
-        acc += w0 * h0
+        acc += w0 * h0.to(tl.float32)
         if K == 2:
-            acc += w1 * xv
+            acc += w1 * xv.to(tl.float32)
         else:
-            acc += w1 * h1
+            acc += w1 * h1.to(tl.float32)
             if K == 3:
-                acc += w2 * xv
+                acc += w2 * xv.to(tl.float32)
             else:
-                acc += w2 * h2
-                acc += w3 * xv
+                acc += w2 * h2.to(tl.float32)
+                acc += w3 * xv.to(tl.float32)
         acc += cb
         if SILU:
             acc = acc * tl.sigmoid(acc)
@@ -128,11 +127,11 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
         if K == 2:
             tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
         else:
-            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), h1.to(dt), mask=wm)
+            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), h1, mask=wm)
             if K == 3:
                 tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
             else:
-                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), h2.to(dt), mask=wm)
+                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), h2, mask=wm)
                 tl.store(_row_at(out, 2, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
     elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
         tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)
@@ -193,7 +192,12 @@ def conv1d_update_kernel(
     # reads stay inside the read block whatever the ids: the window is loaded before the
     # row's checks are known (no round trip for them), and stored only if it is clean
     has_hist = (rb >= 0) & (rb < num_blocks) & (off >= 0) & (off <= WIDTH - K + 1)
-    if (n == 1) & (K <= 4):  # one token (a decode row): each input loaded once
+    if K > 4:  # (compiled only where a one-token row can take its own path)
+        _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
+                    spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
+                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
+                    LAYOUT_DS, SILU)
+    elif n == 1:  # one token (a decode row): each input loaded once
         _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                    num_tokens, x_stride, w_stride, fault,
                    aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
@@ -241,7 +245,8 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
             tmask = (t < n)[:, None] & dmask
             acc = tl.zeros((BLOCK_T, TILE_D), tl.float32)
             for k in tl.static_range(K):  # y[t] = sum_k w[:, k] * full[t + k], k in order
-                wk = tl.load(weight_ptr + d * w_stride + k, mask=d < DIM, other=0).to(tl.float32)
+                wk = tl.load(weight_ptr + d.to(tl.int64) * w_stride + k, mask=d < DIM,
+                             other=0).to(tl.float32)
                 acc += wk[None, :] * _full_at(rp, x_ptr, off, t0, t + k, d, x_stride,
                                               num_tokens, has_hist, tmask, tl.float32, K,
                                               WIDTH, DIM, X_ALIGN, LAYOUT_DS)
@@ -262,9 +267,9 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
 def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> int:
     """Channels per program: up to :data:`MAX_TILE_D` from :data:`SMALL_BATCH` rows on;
     half that in a smaller batch (lower latency where the GPU is not full) and in a "DS"
-    decode batch (at most one token per row on average: a one-token row's window is six
-    strided 2-byte reads per channel there, and more, shorter programs keep more of them in
-    flight; measured in benchmarks/README.md). Every output is its own sum of the taps in
+    decode batch (at most one token per row on average: a one-token row's window is three
+    strided 2-byte reads and three writes per channel there, and more, shorter programs
+    keep more of them in flight; measured in benchmarks/README.md). Every output is its own sum of the taps in
     order, so the tile changes no bits."""
     full = num_rows >= SMALL_BATCH and (layout == "SD" or num_tokens > num_rows)
     cap = MAX_TILE_D if full else max(16, MAX_TILE_D // 2)
@@ -297,6 +302,9 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
     width, dim = scal["width"], scal["dim"]
     if dim == 0:
         raise ValueError("the conv pool must have D >= 1 channels")
+    if width * dim >= 2**31:
+        raise ValueError(f"a conv block of W x D = {width} x {dim} elements is too large: the "
+                         "kernel addresses a block with 32-bit offsets (fewer than 2^31)")
     check_errors(errors)
     check_array("x", x, (None, dim), FLOAT_DTYPES)
     check_array("weight", weight, (dim, None), FLOAT_DTYPES)

@@ -118,15 +118,16 @@ def test_the_tiles_change_no_bits(device_backend, layout):
 @pytest.mark.parametrize("ksize", [2, 3, 4, 5])
 def test_one_token_rows_at_every_kernel_size(backend, layout, ksize):
     # one-token rows take their own path for K <= 4 (kernels/conv1d.py, _one_token), K = 5
-    # the tiled one: in place at an offset, another block, no history, no write, a spec
-    # row of one token, a faulty row (offset past W - K + 1), among a 3-token row
+    # the tiled one: in place at offset 0 (every row it reads is rewritten), another
+    # block, no history, in place at offset 1 after a 3-token row, no write, a spec row of
+    # one token, a faulty row (offset past W - K + 1); 300 channels: two or three programs
     rng = np.random.default_rng(20 + ksize)
-    width, D = ksize - 1 + S, 24
+    width, D = ksize - 1 + S, 300
     shape = (L, NB, width, D) if layout == "SD" else (L, NB, D, width)
     pool = rng.normal(size=shape).astype(np.float32)
     cu = np.array([0, 1, 2, 3, 6, 7, 8])
-    rb, off = np.array([2, 3, -1, 4, 5, 6]), np.array([S, 0, 0, 1, 1, S + 1])
-    wb, spec = np.array([2, 1, 7, 8, -1, 6]), np.array([0, 0, 0, 0, 1, 0])
+    rb, off = np.array([2, 3, -1, 4, 5, 6]), np.array([0, 0, 0, 1, 1, S + 1])
+    wb, spec = np.array([2, 1, 7, 4, -1, 6]), np.array([0, 0, 0, 0, 1, 0])
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((8, D), (D, ksize), (D,)))
     args = (pool, x, w, cb, cu, rb, off, wb, spec)
     y, out, err = backend.conv1d_update(*args, layer=1, layout=layout)
@@ -134,6 +135,16 @@ def test_one_token_rows_at_every_kernel_size(backend, layout, ksize):
     close(y, ry, np.float32)
     assert (y[7] == 0).all() and err.tolist() == rerr.tolist() == [int(Fault.BAD_OFFSET), 5]
     np.testing.assert_array_equal(out, rout)
+
+
+def test_a_block_past_32_bit_offsets_is_refused():
+    spec = kconv.ArraySpec.row_major
+    ids, D = spec((1,), "int64"), 2**28
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        kconv.plan_conv1d_update(spec((1, 2, 8, D), "bfloat16"), spec((2,), "int32"),
+                                 spec((1, D), "bfloat16"), spec((D, 4), "bfloat16"),
+                                 spec((D,), "bfloat16"), spec((2,), "int64"), ids, ids, ids,
+                                 ids, layer=0, layout="SD", activation="silu")
 
 
 def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_backend):
