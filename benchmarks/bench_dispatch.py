@@ -48,7 +48,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import host_ms  # noqa: E402  (also makes mamba_align importable)
+from timing import captured, host_ms  # noqa: E402  (also makes mamba_align importable)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -182,13 +182,13 @@ def floor(timer: Dict[str, Any]) -> tuple:
     return ms, enqueue_ms(inc, x, jax.block_until_ready, n=timer["n0"], reps=timer["reps"])[0]
 
 
-def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
-    """Per-step ms eager (and CUDA-graph replay on the GPU), and the slots of the first step."""
-    cfg, dev = s["config"], torch.device("cuda" if cuda else "cpu")
+def torch_step(s: Dict[str, Any], dev: torch.device) -> tuple:
+    """A seeded ``StateRunner`` on ``dev`` and one whole step on it (``step(_=None)``
+    returns the step's blocks): the torch step every variant times."""
+    cfg = s["config"]
     T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
     runner = StateRunner(cfg, s["slots"], dev, "pre-copy", torch.int32)
     runner.add_requests(T(s["live"]), T(s["num_computed"]))
-    seeded = runner.state_idx.clone()
     pools = {n: torch.zeros(shape, dtype=getattr(torch, cfg.states[n].dtype), device=dev)
              for n, shape in pool_shapes(s).items()}
     idx, q, spec, bt = (T(s[k]) for k in ("idx_mapping", "query_len", "is_spec", "block_table"))
@@ -199,6 +199,13 @@ def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
         runner.postprocess(pools, idx, q, spec, ns, bt)
         return blocks
 
+    return runner, step
+
+
+def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
+    """Per-step ms eager (and CUDA-graph replay on the GPU), and the slots of the first step."""
+    runner, step = torch_step(s, torch.device("cuda" if cuda else "cpu"))
+    seeded = runner.state_idx.clone()
     slots = step()
     first = {f: getattr(slots, f).cpu().numpy() for f in SLOT_FIELDS}
     sync = (lambda c: (torch.cuda.synchronize(), c)[1]) if cuda else (lambda c: c)
@@ -211,15 +218,7 @@ def run_torch(s: Dict[str, Any], cuda: bool, timer: Dict[str, Any]) -> tuple:
                                                 reps=timer["reps"])[0])
         runner.validate = False
     if cuda:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up on a side stream, as capture requires
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
+        graph = captured(step)
         replay = lambda c: graph.replay()  # noqa: E731
         ms["torch_graph"] = (host_ms(replay, None, sync, **timer)[0],
                              enqueue_ms(replay, None, sync, n=timer["n0"], reps=timer["reps"])[0])

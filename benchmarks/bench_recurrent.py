@@ -48,7 +48,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from timing import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
-from recurrent_cases import (Case, check, conv_bytes, load_fla, np32, retune_fla_conv,  # noqa: E402
+from recurrent_cases import (Case, check, conv_bytes, fla_conv_calls, load_fla, np32,  # noqa: E402
                              shapes, state_bytes)
 from recurrent_report import plot, table  # noqa: E402
 
@@ -146,37 +146,17 @@ def fla_rows(s, c: Case, fla, rec, label: str) -> None:
     rec("gdn", "fla_pooled", B, T, c.timed(pooled), state_bytes(s, B, 1), note)
     if c.spec:  # fla's conv update takes one token per sequence
         return
-    K = s["KC"]
-    retune_fla_conv()
-    c.i = 0  # the conv group the check below reads
-    caches = []  # fla's contiguous [B, D, K] caches, one per conv group (as cold as ours)
-    for crb, _ in c.csets:
-        cache = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
-        cache[:, :, 1:] = c.cpool[1, crb, :, :K - 1]
-        caches.append(cache)
-    saved = caches[0].clone()
-    y, _ = conv_update(x=c.x, cache=caches[0], weight=c.w, bias=None, activation="silu")
-    check(f"fla conv {label} B={B}", y[:1], c.conv_ref(0), 2e-2)
-    caches[0].copy_(saved)
-    rec("conv", "fla", B, T, c.timed(lambda: conv_update(
-        x=c.x, cache=caches[c.i % c.cnsets], weight=c.w, bias=None, activation="silu")),
-        conv_bytes(s, B, K - 1), "contiguous caches")
-    del caches
-
-    def conv_pooled():
-        cc = torch.zeros(B, s["D"], K, device=c.x.device, dtype=c.x.dtype)
-        cc[:, :, 1:] = c.cpool[1, c.crb, :, :K - 1]
-        conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
-        c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
-
-    rec("conv", "fla_pooled", B, T, c.timed(conv_pooled), conv_bytes(s, B, K - 1))
+    alone, pooled_conv = fla_conv_calls(s, c, conv_update, label)
+    rec("conv", "fla", B, T, c.timed(alone), conv_bytes(s, B, s["KC"] - 1), "contiguous caches")
+    del alone
+    rec("conv", "fla_pooled", B, T, c.timed(pooled_conv), conv_bytes(s, B, s["KC"] - 1))
 
 
 def conv_sd_rows(s, c: Case, rec, label: str) -> None:
     """Ours on the same windows in an "SD" pool (``[W, D]`` blocks: a window row is
     contiguous), checked against the reference first: op ``conv_sd``."""
     B, T = c.B, c.T
-    c.cpool, c.conv_layout, c.i = c.cpool.transpose(2, 3).contiguous(), "SD", 0
+    c.use_sd_pool()
     y = c.conv()
     for row in sorted({0, B - 1}):
         check(f"ours conv SD {label} B={B} row {row}", y[row * T:(row + 1) * T],

@@ -30,7 +30,7 @@ from timing import bench_ms, free  # noqa: E402
 import torch  # noqa: E402
 
 from mamba_align.kernels import conv1d as kconv  # noqa: E402
-from recurrent_cases import Case, check, load_fla, retune_fla_conv, shapes  # noqa: E402
+from recurrent_cases import Case, check, fla_conv_calls, load_fla, shapes  # noqa: E402
 
 
 def main() -> None:
@@ -59,9 +59,9 @@ def main() -> None:
             c = Case(s, B, T, spec, dev, gen, "DS")
             if fla is not None and not spec:  # on the DS pool's windows
                 fla_rows(s, c, fla, keep)
-            for layout in args.layouts:
-                if layout != c.conv_layout:  # the same windows in an SD pool
-                    c.cpool, c.conv_layout = c.cpool.transpose(2, 3).contiguous(), layout
+            for layout in sorted(args.layouts):  # DS first: SD is the same windows, moved
+                if layout == "SD":  # the same windows in an SD pool
+                    c.use_sd_pool()
                 for cfg in args.tiles:
                     if cfg == "default":
                         kconv.conv_tile, kconv.NUM_WARPS = default_tile, default_warps
@@ -90,33 +90,11 @@ def main() -> None:
 
 
 def fla_rows(s, c: Case, fla, keep) -> None:
-    """fla's conv update alone (contiguous ``[B, D, K]`` caches cycled like ours) and pooled
-    (gather the window's history, kernel, scatter), as ``bench_recurrent.py`` calls it."""
-    _, _, conv_update = fla
-    B, K, dev = c.B, s["KC"], c.x.device
-    retune_fla_conv()
-    caches = []
-    for crb, _ in c.csets:
-        cache = torch.zeros(B, s["D"], K, device=dev, dtype=c.x.dtype)
-        cache[:, :, 1:] = c.cpool[1, crb, :, :K - 1]
-        caches.append(cache)
-    c.i = 0
-    y, _ = conv_update(x=c.x, cache=caches[0].clone(), weight=c.w, bias=None, activation="silu")
-    check(f"fla conv B={B}", y[:1], c.conv_ref(0), 2e-2)
-    ms = bench_ms(c.timed(lambda: conv_update(x=c.x, cache=caches[c.i % c.cnsets], weight=c.w,
-                                              bias=None, activation="silu")), True, graph=True)
-    keep(layout="DS", method="fla", tile="autotuned", batch=B, tokens_per_row=c.T, us=ms * 1e3)
-    del caches
-
-    def pooled():
-        cc = torch.zeros(B, s["D"], K, device=dev, dtype=c.x.dtype)
-        cc[:, :, 1:] = c.cpool[1, c.crb, :, :K - 1]
-        conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
-        c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
-
-    ms = bench_ms(c.timed(pooled), True, graph=True)
-    keep(layout="DS", method="fla_pooled", tile="autotuned", batch=B, tokens_per_row=c.T,
-         us=ms * 1e3)
+    """fla's conv update alone and pooled (``recurrent_cases.fla_conv_calls``)."""
+    alone, pooled = fla_conv_calls(s, c, fla[2], "probe")
+    for method, fn in (("fla", alone), ("fla_pooled", pooled)):
+        keep(layout="DS", method=method, tile="autotuned", batch=c.B, tokens_per_row=c.T,
+             us=bench_ms(c.timed(fn), True, graph=True) * 1e3)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import timing  # noqa: E402,F401  (the package importable)
+from timing import captured  # noqa: E402  (also makes the package importable)
 
 import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 
-from bench_dispatch import pool_shapes, setup  # noqa: E402
-from mamba_align.backends.torch import StateRunner  # noqa: E402
+from bench_dispatch import setup, torch_step  # noqa: E402
 
 
 def main() -> None:
@@ -36,28 +35,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=64)
     args = ap.parse_args()
     s = setup(False, args.rows)
-    cfg, dev = s["config"], torch.device("cuda")
-    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
-    runner = StateRunner(cfg, s["slots"], dev, "pre-copy", torch.int32)
-    runner.add_requests(T(s["live"]), T(s["num_computed"]))
-    pools = {n: torch.zeros(shape, dtype=getattr(torch, cfg.states[n].dtype), device=dev)
-             for n, shape in pool_shapes(s).items()}
-    idx, q, spec, bt = (T(s[k]) for k in ("idx_mapping", "query_len", "is_spec", "block_table"))
-    ns = T(s["num_sampled"])
-
-    def step():
-        runner.preprocess(pools, idx, q, spec, bt)
-        runner.postprocess(pools, idx, q, spec, ns, bt)
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    _, step = torch_step(s, torch.device("cuda"))
+    graph = captured(step)
     for _ in range(200):
         graph.replay()
     torch.cuda.synchronize()

@@ -120,6 +120,12 @@ class Case:
     def turn(self) -> None:
         self.i += 1
 
+    def use_sd_pool(self) -> None:
+        """Hold the same conv windows in an "SD" pool (``[W, D]`` blocks) from now on."""
+        if self.conv_layout != "SD":
+            self.cpool, self.conv_layout = self.cpool.transpose(2, 3).contiguous(), "SD"
+        self.i = 0
+
     def timed(self, fn: Callable[[], Any]) -> Callable[[], Any]:
         """``fn`` on the next group of blocks at every call (also while captured)."""
         def call():
@@ -169,6 +175,35 @@ def state_bytes(s: Dict[str, Any], B: int, writes: int) -> int:
 
 def conv_bytes(s: Dict[str, Any], B: int, written_rows: int) -> int:
     return B * s["D"] * 2 * (s["KC"] - 1 + written_rows)
+
+
+def fla_conv_calls(s: Dict[str, Any], c: Case, conv_update, label: str) -> tuple:
+    """fla's conv update on the case's windows (its DS pool): re-tuned for this batch and
+    checked against the reference, then ``(alone, pooled)`` to time with ``c.timed``:
+    alone on contiguous ``[B, D, K]`` caches, one per conv group (as cold as ours); pooled
+    as a pool user calls it (gather the history, kernel, scatter the new window)."""
+    B, K, D, dev = c.B, s["KC"], s["D"], c.x.device
+    retune_fla_conv()
+    c.i = 0  # the conv group the check below reads
+    caches = []
+    for crb, _ in c.csets:
+        cache = torch.zeros(B, D, K, device=dev, dtype=c.x.dtype)
+        cache[:, :, 1:] = c.cpool[1, crb, :, :K - 1]
+        caches.append(cache)
+    y, _ = conv_update(x=c.x, cache=caches[0].clone(), weight=c.w, bias=None, activation="silu")
+    check(f"fla conv {label} B={B}", y[:1], c.conv_ref(0), 2e-2)
+
+    def alone():
+        return conv_update(x=c.x, cache=caches[c.i % c.cnsets], weight=c.w, bias=None,
+                           activation="silu")
+
+    def pooled():
+        cc = torch.zeros(B, D, K, device=dev, dtype=c.x.dtype)
+        cc[:, :, 1:] = c.cpool[1, c.crb, :, :K - 1]
+        conv_update(x=c.x, cache=cc, weight=c.w, bias=None, activation="silu")
+        c.cpool[1, c.cwb, :, :K - 1] = cc[:, :, 1:]
+
+    return alone, pooled
 
 
 def retune_fla_conv() -> None:

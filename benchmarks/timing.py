@@ -65,6 +65,21 @@ def bench_ms(fn: Callable[[], Any], cuda: bool, graph: bool = False) -> float:
     return statistics.median(times)
 
 
+def captured(step: Callable[[], Any], warmups: int = 3) -> "torch.cuda.CUDAGraph":
+    """One call of ``step`` captured in a CUDA graph, after ``warmups`` calls on a side
+    stream (as capture requires); thread-local capture, as in :func:`graph_ms`."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        step()
+    return graph
+
+
 def graph_ms(fn: Callable[[], Any], rep: float = 100.0, replays: int = 10) -> float:
     """``triton.testing.do_bench_cudagraph(fn, rep, return_mode="median")``, captured in
     thread-local mode: the median over ``replays`` replays of one graph of as many calls of
