@@ -166,6 +166,10 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         ms = bench_ms(lambda: tops.copy_temporal_(temporal, errors, none, dst), cuda, graph=cuda)
         records.append(record("ours_no_copy", "temporal", b, L, 0, ms, "graph" if cuda else "eager"))
         show(records[-1])
+        ms = bench_ms(lambda: tops.copy_conv_(conv, errors, none, dst, bias, layout="SD"), cuda,
+                      graph=cuda)
+        records.append(record("ours_no_copy", "conv", b, L, 0, ms, "graph" if cuda else "eager"))
+        show(records[-1])
         if b > FEW:  # a decode step in which a few of the B rows cross a block boundary
             few = none.clone()
             few[:FEW] = src[:FEW]

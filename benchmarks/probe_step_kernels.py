@@ -6,7 +6,12 @@ them, per step (one-off probe for the bad-input issue's step cost). Runs on what
 
 Usage::
 
-    python benchmarks/probe_step_kernels.py --out DIR --label L [--rows 64]
+    python benchmarks/probe_step_kernels.py --out DIR --label L [--rows 64 512]
+        [--variant NAME:module.ATTR=INT,... ...]
+
+A ``--variant`` re-plans the step with module constants of ``mamba_align`` set (e.g.
+``warps1:kernels.bookkeeping.WARPS=1``), restored afterwards; the package as it is runs
+first, as ``L``. Each (variant, rows) writes ``probe_step_kernels_<L>[_<NAME>]_rows<R>_h200.json``.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Dict, List
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import captured  # noqa: E402  (also makes the package importable)
+from timing import captured, constants, parse_variant  # noqa: E402  (makes the package importable)
 
 import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
@@ -28,13 +34,10 @@ from torch.autograd import DeviceType  # noqa: E402
 from bench_dispatch import setup, torch_step  # noqa: E402
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--label", required=True)
-    ap.add_argument("--rows", type=int, default=64)
-    args = ap.parse_args()
-    s = setup(False, args.rows)
+def measure(rows: int) -> dict:
+    """One step of ``rows`` rows captured and replayed: per-step device time (event timer)
+    and each kernel's duration and the gaps between them (profiler)."""
+    s = setup(False, rows)
     _, step = torch_step(s, torch.device("cuda"))
     graph = captured(step)
     for _ in range(200):
@@ -58,8 +61,8 @@ def main() -> None:
                      key=lambda e: e.time_range.start)
     per = len(kernels) // steps
     names = [k.name for k in kernels[:per]]
-    dur = {i: [] for i in range(per)}
-    gaps = {i: [] for i in range(per - 1)}
+    dur: Dict[int, List[float]] = {i: [] for i in range(per)}
+    gaps: Dict[int, List[float]] = {i: [] for i in range(per - 1)}
     span = []
     for st in range(steps):
         ks = kernels[st * per:(st + 1) * per]
@@ -68,16 +71,32 @@ def main() -> None:
         for i in range(per - 1):
             gaps[i].append(ks[i + 1].time_range.start - ks[i].time_range.end)
         span.append(ks[-1].time_range.end - ks[0].time_range.start)
-    rec = {"label": args.label, "rows": args.rows, "device": torch.cuda.get_device_name(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "us_per_step_event_timer": statistics.median(per_step),
-           "kernels": [{"name": names[i], "us": statistics.median(dur[i])} for i in range(per)],
-           "gaps_us": [statistics.median(gaps[i]) for i in range(per - 1)],
-           "first_start_to_last_end_us": statistics.median(span),
-           "kernels_per_step": per, "kernel_events": len(kernels)}
-    print(json.dumps(rec, indent=1))
-    out = Path(args.out) / f"probe_step_kernels_{args.label}_rows{args.rows}_h200.json"
-    out.write_text(json.dumps(rec, indent=1))
+    return {"rows": rows, "device": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "us_per_step_event_timer": statistics.median(per_step),
+            "kernels": [{"name": names[i], "us": statistics.median(dur[i])} for i in range(per)],
+            "gaps_us": [statistics.median(gaps[i]) for i in range(per - 1)],
+            "first_start_to_last_end_us": statistics.median(span),
+            "kernels_per_step": per, "kernel_events": len(kernels)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", required=True)
+    ap.add_argument("--rows", type=int, nargs="+", default=[64])
+    ap.add_argument("--variant", action="append", default=[], type=parse_variant)
+    args = ap.parse_args()
+    for name, sets in [("", {})] + args.variant:
+        label = args.label + (f"_{name}" if name else "")
+        with constants(sets):
+            for rows in args.rows:
+                rec = {"label": label, "constants": sets, **measure(rows)}
+                print(json.dumps({k: rec[k] for k in ("label", "rows", "us_per_step_event_timer")}
+                                 | {"kernels_us": [round(k["us"], 2) for k in rec["kernels"]]}),
+                      flush=True)
+                out = Path(args.out) / f"probe_step_kernels_{label}_rows{rows}_h200.json"
+                out.write_text(json.dumps(rec, indent=1))
 
 
 if __name__ == "__main__":

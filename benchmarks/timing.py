@@ -20,7 +20,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Dict  # noqa: E402
+import contextlib  # noqa: E402
+from typing import Any, Callable, Dict, Iterator, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -151,3 +152,30 @@ def d2d_ceiling(nbytes: int, device: torch.device, cuda: bool) -> Dict[str, Any]
     del a, b
     free(cuda)
     return {"bytes": 2 * nbytes, "ms": ms, "tbps": 2 * nbytes / (ms * 1e-3) / 1e12}
+
+
+def parse_variant(text: str) -> Tuple[str, Dict[str, int]]:
+    """``NAME:module.ATTR=INT,...`` -> ``(NAME, {"module.ATTR": INT})``."""
+    name, _, sets = text.partition(":")
+    return name, {k: int(v) for k, v in (kv.split("=") for kv in sets.split(",") if kv)}
+
+
+@contextlib.contextmanager
+def constants(sets: Dict[str, int]) -> Iterator[None]:
+    """``mamba_align`` module constants set for the block, every plan cache cleared."""
+    from mamba_align import kernels as K  # after import_package
+    saved = []
+    for key, value in sets.items():
+        mod, attr = key.rsplit(".", 1)
+        m = importlib.import_module(f"mamba_align.{mod}")
+        saved.append((m, attr, getattr(m, attr)))
+        setattr(m, attr, value)
+    clear = lambda: [op.plan.cache_clear() for op in getattr(K, "OPS", ())  # noqa: E731
+                     if hasattr(op.plan, "cache_clear")]
+    clear()
+    try:
+        yield
+    finally:
+        for m, attr, value in saved:
+            setattr(m, attr, value)
+        clear()

@@ -41,6 +41,8 @@ ROWS_PER_PROGRAM = 8
 #: rest ``DUP_CHUNK`` ids at a time in a loop.
 DUP_CHUNK = 128
 DUP_UNROLL = 1024
+#: Warps per program of the bookkeeping launches (1 and 2 measured: benchmarks/README.md).
+WARPS = 4
 
 
 @triton.jit
@@ -183,7 +185,7 @@ def postprocess_kernel(
 
 def row_launch(num_rows: int, **constexprs: Any) -> Dict[str, Any]:
     """The launch shape of a kernel over ``num_rows`` batch rows, as keyword arguments of a
-    :class:`LaunchPlan`: ``grid`` and ``constexprs``, which are
+    :class:`LaunchPlan`: ``grid``, ``num_warps`` and ``constexprs``, which are
     ``constexprs`` plus ``BLOCK`` (rows per program), ``CHUNK`` and ``WIDTH`` (see
     :func:`.rows.duplicated`)."""
     # a symbolic size (torch.compile's fake tensors, which only allocate) must not be
@@ -193,7 +195,8 @@ def row_launch(num_rows: int, **constexprs: Any) -> Dict[str, Any]:
     width = min(max(chunk, bucket), max(DUP_UNROLL, chunk))
     return {"grid": (max(1, cdiv(num_rows, ROWS_PER_PROGRAM)),),
             "constexprs": {**constexprs, "BLOCK": ROWS_PER_PROGRAM, "CHUNK": chunk,
-                           "WIDTH": width}}
+                           "WIDTH": width},
+            "num_warps": WARPS}
 
 
 ROW = "int64"  # per-row outputs (JAX without x64 stores them as int32)

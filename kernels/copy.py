@@ -154,8 +154,8 @@ def copy_conv_kernel(
 #: instead of one program per row: a decode step in which no row crosses then costs about
 #: as much at 256 rows as at 1. The conv grid runs several channel tiles per program. The
 #: measurements and the grids tried instead are in benchmarks/README.md.
-TEMPORAL_PROGRAMS = 4096
-CONV_PROGRAMS = 16384
+TEMPORAL_PROGRAMS = 1024
+CONV_PROGRAMS = 4096
 #: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
 MAX_ROWS_PER_PROGRAM = 1024
 
