@@ -13,6 +13,7 @@ time per call (measured on the H200 host), which an eager step need not pay.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Mapping, Optional
 
 import torch
@@ -35,7 +36,16 @@ def spec(name: str, t: Any) -> K.ArraySpec:
     """What a plan needs to know of tensor ``t`` (argument ``name``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    return K.ArraySpec(tuple(t.shape), dtype_name(t.dtype), tuple(t.stride()))
+    shape, strides = tuple(t.shape), tuple(t.stride())
+    try:  # one spec per layout: an eager step describes some 35 tensors
+        return _spec(shape, dtype_name(t.dtype), strides)
+    except TypeError:  # symbolic sizes (torch.compile's fake tensors) do not hash
+        return K.ArraySpec(shape, dtype_name(t.dtype), strides)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec(shape: tuple, dtype: str, strides: tuple) -> K.ArraySpec:
+    return K.ArraySpec(shape, dtype, strides)
 
 
 def dtype(name: str) -> torch.dtype:
