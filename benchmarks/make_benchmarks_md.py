@@ -340,6 +340,9 @@ def checks_md(results: Path) -> str:
     lines = ["Whole steps (preprocess + postprocess and their copy launches, nothing to copy), "
              "µs per step (sustained), from `bench_dispatch.py` run in one session on this "
              "version and on the version before the checks (`.baseline/`, see the Makefile). "
+             "That version also has the copy grids of its day: since then the copy launches "
+             "aim at fewer programs, so the change is the checks plus cheaper copy launches "
+             "(the checks' own cost, kernel by kernel: benchmarks/README.md). "
              "`torch_graph` is device time under CUDA-graph replay; the other rows are "
              "host-bound and vary from run to run by more than the checks' cost.", "",
              "| batch | method | before the checks | fast path (checks on device) | change "

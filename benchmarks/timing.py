@@ -12,6 +12,7 @@ import os
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is imported
 
+import contextlib  # noqa: E402
 import importlib  # noqa: E402
 import importlib.util  # noqa: E402
 import math  # noqa: E402
@@ -20,7 +21,6 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-import contextlib  # noqa: E402
 from typing import Any, Callable, Dict, Iterator, Tuple  # noqa: E402
 
 import torch  # noqa: E402
@@ -155,27 +155,37 @@ def d2d_ceiling(nbytes: int, device: torch.device, cuda: bool) -> Dict[str, Any]
 
 
 def parse_variant(text: str) -> Tuple[str, Dict[str, int]]:
-    """``NAME:module.ATTR=INT,...`` -> ``(NAME, {"module.ATTR": INT})``."""
+    """``NAME:module.ATTR=INT,...`` -> ``(NAME, {"module.ATTR": INT})``; the name must be
+    given and must not be ``current`` (the package's own constants)."""
     name, _, sets = text.partition(":")
+    if not name or name == "current":
+        raise ValueError(f"a variant needs a name other than 'current': {text!r}")
     return name, {k: int(v) for k, v in (kv.split("=") for kv in sets.split(",") if kv)}
+
+
+def _clear_plan_caches() -> None:
+    from mamba_align import kernels as K  # after import_package
+    for op in getattr(K, "OPS", ()):
+        if hasattr(op.plan, "cache_clear"):
+            op.plan.cache_clear()
 
 
 @contextlib.contextmanager
 def constants(sets: Dict[str, int]) -> Iterator[None]:
-    """``mamba_align`` module constants set for the block, every plan cache cleared."""
-    from mamba_align import kernels as K  # after import_package
-    saved = []
-    for key, value in sets.items():
+    """``mamba_align`` module constants set for the block (every one must exist), every
+    plan cache cleared on the way in and out; the old values are restored even when the
+    block or a later assignment fails."""
+    targets = []
+    for key in sets:
         mod, attr = key.rsplit(".", 1)
         m = importlib.import_module(f"mamba_align.{mod}")
-        saved.append((m, attr, getattr(m, attr)))
-        setattr(m, attr, value)
-    clear = lambda: [op.plan.cache_clear() for op in getattr(K, "OPS", ())  # noqa: E731
-                     if hasattr(op.plan, "cache_clear")]
-    clear()
+        targets.append((m, attr, getattr(m, attr)))  # AttributeError before any change
     try:
+        for (m, attr, _), value in zip(targets, sets.values()):
+            setattr(m, attr, value)
+        _clear_plan_caches()
         yield
     finally:
-        for m, attr, value in saved:
-            setattr(m, attr, value)
-        clear()
+        for m, attr, old in reversed(targets):
+            setattr(m, attr, old)
+        _clear_plan_caches()

@@ -150,10 +150,13 @@ def copy_conv_kernel(
 
 
 #: Programs a copy launch aims for. Every program starts and exits even when its rows copy
-#: nothing, so the temporal grid groups rows (down to one program per 4 KiB tile and layer)
-#: instead of one program per row: a decode step in which no row crosses then costs about
-#: as much at 256 rows as at 1. The conv grid runs several channel tiles per program. The
-#: measurements and the grids tried instead are in benchmarks/README.md.
+#: nothing, so the temporal grid groups rows instead of one program per row: an empty
+#: launch then costs about as much at 256 rows as at 1. It never goes below one program per
+#: 4 KiB tile and layer, so the target only matters for pools of fewer tiles x layers than
+#: it (a 36-layer pool of 2 MiB blocks has 18 432). The conv grid runs several channel
+#: tiles per program down to one program per row and layer, so its empty launch grows
+#: with rows x layers past the target. The measurements and the grids tried instead are in
+#: benchmarks/README.md.
 TEMPORAL_PROGRAMS = 1024
 CONV_PROGRAMS = 4096
 #: Rows one temporal-copy program scans (held in registers); beyond, more row groups.
@@ -205,7 +208,7 @@ def conv_tiling(num_rows: int, num_layers: int, width: int, dim: int, itemsize: 
     layout = check_layout(layout)
     w_pad = next_pow2(width)
     tile_d = max(16, min(next_pow2(dim), max(16, 8192 // (w_pad * itemsize))))
-    tiles = cdiv(dim, tile_d)
+    tiles = max(1, cdiv(dim, tile_d))  # an empty pool (D = 0) plans a skipped launch
     split = min(_split(max(1, num_rows * num_layers), tiles, CONV_PROGRAMS), MAX_GRID_YZ)
     per_program = cdiv(tiles, split)
     grid = (max(1, num_rows * num_layers), cdiv(tiles, per_program))

@@ -21,7 +21,8 @@ def test_small_run_checks_and_records_every_method(tmp_path):
     data = json.loads((tmp_path / "copy_h200.json").read_text())
     seen = {(x["method"], x["pool"]) for x in data["records"]}
     assert {("ours", "temporal"), ("ours", "conv"), ("ours", "combined"),
-            ("ours_no_copy", "temporal"), ("ours_no_copy", "conv"), ("jax", "temporal"), ("jax", "conv"),
+            ("ours_no_copy", "temporal"), ("ours_no_copy", "conv"),
+            ("jax", "temporal"), ("jax", "conv"),
             ("xla_scatter", "temporal"), ("xla_scatter", "conv")} <= seen
     assert {x["batch"] for x in data["records"]} == {1, 2}
     assert all(x["ms"] > 0 for x in data["records"])

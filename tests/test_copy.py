@@ -188,6 +188,10 @@ def test_empty_pools_and_empty_plans_are_a_no_op(device_backend):
     assert got.shape == (0, 4, 8) and errors[0] == 0
     pool = np.ones((1, 4, 8), np.float32)
     assert same_bytes(device_backend.copy_temporal(pool, [], [])[0], pool)
+    for layout, shape in (("SD", (2, 4, 3, 0)), ("DS", (2, 4, 0, 3))):  # D = 0 or W = 0
+        plan = K.plan_copy_conv(K.ArraySpec.row_major(shape, "bfloat16"), ERR, ids(2), ids(2),
+                                ids(2), layout=layout)
+        assert plan.skip
 
 
 # -- the kernels' grids, tiling and alignment (plans, then launches of modified plans) ------
