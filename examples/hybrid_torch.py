@@ -121,6 +121,8 @@ class OnHost:
         self.t = t
 
     def __array__(self, dtype=None, copy=None):
+        if copy is False:  # NumPy 2's protocol: the values live on the device
+            raise ValueError("the logits are on the device: reading them is a copy")
         return self.t.cpu().numpy() if dtype is None else self.t.cpu().numpy().astype(dtype)
 
 

@@ -131,3 +131,13 @@ def test_a_prompt_in_chunks_gives_the_bits_of_the_prompt_at_once(run):
     K = TINY.conv_kernel
     np.testing.assert_array_equal(pp["conv"][:, 6, :, :K - 1], wp["conv"][:, 2, :, :K - 1])
     assert errors.tolist() == new_errors().tolist()
+
+
+def test_logits_read_on_the_host_follow_numpys_copy_protocol():
+    torch = pytest.importorskip("torch")
+    from hybrid_torch import OnHost
+    logits = OnHost(torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert np.array_equal(np.asarray(logits), np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert np.asarray(logits, dtype=np.int64).dtype == np.int64
+    with pytest.raises(ValueError, match="copy"):
+        np.array(logits, copy=False)
