@@ -29,16 +29,16 @@ from ..core.faults import index_max
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_step_scalars, next_pow2, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
-                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_ids, batch_rows,
+                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows,
                    block_at, duplicated, exceeds, flag)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
 #: row of the batch (duplicate slots): more programs share that work (benchmarks/README.md).
 ROWS_PER_PROGRAM = 8
-#: The duplicate check compares a program's rows with the batch's first ``width`` ids in
-#: one ``[ROWS_PER_PROGRAM, width]`` tile, ``width`` the batch size rounded up to a power of
+#: The duplicate check (:func:`.rows.duplicated`) compares a program's rows with the
+#: batch's first ``width`` ids unrolled, ``width`` the batch size rounded up to a power of
 #: two within [32, DUP_UNROLL] (one compile per size bucket); larger batches compare the
-#: rest ``DUP_CHUNK`` ids at a time in a loop.
+#: rest ``DUP_CHUNK`` ids per loop trip.
 DUP_CHUNK = 128
 DUP_UNROLL = 1024
 #: Warps per program of the bookkeeping launches (1 and 2 measured: benchmarks/README.md).
@@ -66,8 +66,7 @@ def add_requests_kernel(
     WIDTH: tl.constexpr,
 ):
     i, in_batch, slot, live, fault = batch_rows(slots_ptr, num_new, num_slots, BLOCK)
-    head = batch_ids(slots_ptr, num_new, WIDTH)
-    fault |= tl.where(duplicated(slots_ptr, head, i, slot, live, num_new, CHUNK, WIDTH),
+    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, CHUNK, WIDTH),
                       DUPLICATE_SLOT, 0)
     nc = tl.load(num_computed_new_ptr + i, mask=live, other=0).to(tl.int64)
     fault |= tl.where(live & ((nc < 0) | (nc > NC_MAX)), BAD_NUM_COMPUTED, 0)
@@ -112,7 +111,6 @@ def postprocess_kernel(
     WIDTH: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
-    head = batch_ids(idx_mapping_ptr, num_rows, WIDTH)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
@@ -164,7 +162,7 @@ def postprocess_kernel(
                          none)
     csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, none)
     fault |= f_dst | f_t | f_c
-    dup = duplicated(idx_mapping_ptr, head, r, slot, live, num_rows, CHUNK, WIDTH)
+    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
     fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
     live = tl.where(dup, live, served)
     ok = live & (fault == 0)

@@ -32,37 +32,36 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
     return r, in_batch, slot, live, tl.where(bad, BAD_SLOT, 0)
 
 
-@triton.jit
-def batch_ids(ids_ptr, num_rows, WIDTH: tl.constexpr):
-    """The first ``WIDTH`` ids of the batch (-1 past ``num_rows``), in their own dtype: what
-    :func:`duplicated` compares with. Loaded at a kernel's start, so that the load overlaps
-    the row's own loads and the compare can wait until the row's block loads are issued."""
-    o = tl.arange(0, WIDTH)
-    return tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
+#: Ids per compare tile of :func:`duplicated`: one warp's lanes, so that the tile's
+#: reduction along the batch stays inside a warp (a wider tile spreads the batch over
+#: warps: shared memory and CTA barriers, benchmarks/README.md).
+LANES = tl.constexpr(32)
 
 
 @triton.jit
-def duplicated(ids_ptr, head, r, slot, live, num_rows, CHUNK: tl.constexpr,
-               WIDTH: tl.constexpr):
+def duplicated(ids_ptr, r, slot, live, num_rows, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
     """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
     every row of a duplicated slot is found, whatever program holds the other. The ids are
-    compared in their own dtype (a bad int64 id must not alias a good slot): the first
-    ``WIDTH`` in ``head`` (:func:`batch_ids`) in one pass, the rest (batches past
-    ``WIDTH``) ``CHUNK`` at a time in a loop."""
-    mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)
-    dup = _named_by_another(mine, r, head, tl.arange(0, WIDTH))
-    for start in range(WIDTH, num_rows, CHUNK):
-        o = start + tl.arange(0, CHUNK)
-        other = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
-        dup = dup | _named_by_another(mine, r, other, o)
-    return dup & live
+    compared in their own dtype (a bad int64 id must not alias a good slot), ``LANES`` at a
+    time into one ``[rows, LANES]`` tile of matches that is reduced once: the first
+    ``WIDTH`` ids unrolled, the rest (batches past ``WIDTH``) ``CHUNK`` per loop trip."""
+    mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)[:, None]
+    seen = tl.zeros((r.shape[0], LANES), tl.int1)
+    for start in tl.static_range(0, WIDTH, LANES):
+        seen = seen | _matches(ids_ptr, mine, r, start, num_rows)
+    for chunk in range(WIDTH, num_rows, CHUNK):
+        for part in tl.static_range(0, CHUNK, LANES):
+            seen = seen | _matches(ids_ptr, mine, r, chunk + part, num_rows)
+    return (tl.max(seen.to(tl.int32), axis=1) > 0) & live
 
 
 @triton.jit
-def _named_by_another(mine, r, ids, o):
-    """Per row ``r``: whether a row ``o`` other than ``r`` holds the id ``mine``."""
-    seen = (mine[:, None] == ids[None, :]) & (r[:, None] != o[None, :])
-    return tl.max(seen.to(tl.int32), axis=1) > 0
+def _matches(ids_ptr, mine, r, start, num_rows):
+    """``[rows, LANES]``: whether batch row ``start + j``, other than row ``r``, holds the id
+    ``mine`` (``[rows, 1]``)."""
+    o = start + tl.arange(0, LANES)
+    ids = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
+    return (mine == ids[None, :]) & (r[:, None] != o[None, :])
 
 
 @triton.jit
