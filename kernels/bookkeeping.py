@@ -29,7 +29,7 @@ from ..core.faults import index_max
 from .plan import (FLAG_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
                    check_step_scalars, next_pow2, table_scalars)
 from .rows import (BAD_IS_SPEC, BAD_NUM_COMPUTED, BAD_NUM_SAMPLED, BAD_QUERY_LEN,
-                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_rows,
+                   DUPLICATE_SLOT, INCONSISTENT, OVERFLOW, STEP_ORDER, batch_ids, batch_rows,
                    block_at, duplicated, exceeds, flag)
 
 #: Batch rows per program. Small, because each program also compares its rows with every
@@ -66,7 +66,8 @@ def add_requests_kernel(
     WIDTH: tl.constexpr,
 ):
     i, in_batch, slot, live, fault = batch_rows(slots_ptr, num_new, num_slots, BLOCK)
-    fault |= tl.where(duplicated(slots_ptr, i, slot, live, num_new, CHUNK, WIDTH),
+    head = batch_ids(slots_ptr, num_new, num_slots, WIDTH)
+    fault |= tl.where(duplicated(slots_ptr, head, slot, live, num_new, num_slots, CHUNK, WIDTH),
                       DUPLICATE_SLOT, 0)
     nc = tl.load(num_computed_new_ptr + i, mask=live, other=0).to(tl.int64)
     fault |= tl.where(live & ((nc < 0) | (nc > NC_MAX)), BAD_NUM_COMPUTED, 0)
@@ -111,6 +112,7 @@ def postprocess_kernel(
     WIDTH: tl.constexpr,
 ):
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
+    head = batch_ids(idx_mapping_ptr, num_rows, num_slots, WIDTH)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     ns = tl.load(num_sampled_ptr + r, mask=live, other=0).to(tl.int64)
@@ -162,7 +164,7 @@ def postprocess_kernel(
                          none)
     csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, none)
     fault |= f_dst | f_t | f_c
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
+    dup = duplicated(idx_mapping_ptr, head, slot, live, num_rows, num_slots, CHUNK, WIDTH)
     fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
     live = tl.where(dup, live, served)
     ok = live & (fault == 0)
@@ -201,9 +203,12 @@ ROW = "int64"  # per-row outputs (JAX without x64 stores them as int32)
 
 
 def slot_arrays(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec) -> int:
-    """Checks the per-slot bookkeeping (int ``[num_slots]`` each); returns ``num_slots``."""
+    """Checks the per-slot bookkeeping (int ``[num_slots]`` each, ``num_slots < 2**31``:
+    the duplicate check compares slots in 32 bits); returns ``num_slots``."""
     check_array("state_idx", state_idx, (None,))
     n = state_idx.shape[0]
+    if isinstance(n, int) and n >= 2**31:
+        raise ValueError(f"state_idx must have fewer than 2**31 slots, got {n}")
     check_array("acc", acc, (n,))
     check_array("num_computed", num_computed, (n,))
     return n

@@ -20,7 +20,7 @@ from .bookkeeping import FAULT_DOC, ROW, check_errors, check_rows, row_launch, s
 from .plan import ArraySpec, LaunchPlan, Op, Output, Static, check_step_scalars, next_pow2
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
-                   OVERFLOW, STEP_ORDER, any_fault, block_at, duplicated, exceeds,
+                   OVERFLOW, STEP_ORDER, any_fault, batch_ids, block_at, duplicated, exceeds,
                    flag)
 from .rows import batch_rows
 
@@ -67,6 +67,7 @@ def preprocess_resolve_kernel(
     # preprocess then resolve, one launch: a row's blocks depend on its own bookkeeping only.
     # Everything is decided before anything is stored, so a faulty row stores nothing.
     r, in_batch, slot, live, fault = batch_rows(idx_mapping_ptr, num_rows, num_slots, BLOCK)
+    head = batch_ids(idx_mapping_ptr, num_rows, num_slots, WIDTH)
     q = tl.load(query_len_ptr + r, mask=live, other=0).to(tl.int64)
     spec_flag = tl.load(is_spec_ptr + r, mask=live, other=0).to(tl.int64)
     spec = spec_flag != 0
@@ -113,7 +114,7 @@ def preprocess_resolve_kernel(
     c_old, f_co = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, crossing,
                            crossing)
     fault |= any_fault(f_win, 1) | f_w0 | f_tw | f_to | f_co
-    dup = duplicated(idx_mapping_ptr, r, slot, live, num_rows, CHUNK, WIDTH)
+    dup = duplicated(idx_mapping_ptr, head, slot, live, num_rows, num_slots, CHUNK, WIDTH)
     fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
     ok = live & (fault == 0)
     crossing = crossing & ok

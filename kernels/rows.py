@@ -32,36 +32,47 @@ def batch_rows(ids_ptr, num_rows, num_slots, BLOCK: tl.constexpr):
     return r, in_batch, slot, live, tl.where(bad, BAD_SLOT, 0)
 
 
-#: Ids per compare tile of :func:`duplicated`: one warp's lanes, so that the tile's
-#: reduction along the batch stays inside a warp (a wider tile spreads the batch over
-#: warps: shared memory and CTA barriers, benchmarks/README.md).
+#: Ids per lane row of the duplicate check's tiles: a warp's lanes (below).
 LANES = tl.constexpr(32)
 
 
 @triton.jit
-def duplicated(ids_ptr, r, slot, live, num_rows, CHUNK: tl.constexpr, WIDTH: tl.constexpr):
-    """Whether another of the ``num_rows`` rows names the slot of row ``r`` (live rows):
-    every row of a duplicated slot is found, whatever program holds the other. The ids are
-    compared in their own dtype (a bad int64 id must not alias a good slot), ``LANES`` at a
-    time into one ``[rows, LANES]`` tile of matches that is reduced once: the first
-    ``WIDTH`` ids unrolled, the rest (batches past ``WIDTH``) ``CHUNK`` per loop trip."""
-    mine = tl.where(live, slot, -1).to(ids_ptr.dtype.element_ty)[:, None]
-    seen = tl.zeros((r.shape[0], LANES), tl.int1)
-    for start in tl.static_range(0, WIDTH, LANES):
-        seen = seen | _matches(ids_ptr, mine, r, start, num_rows)
-    for chunk in range(WIDTH, num_rows, CHUNK):
-        for part in tl.static_range(0, CHUNK, LANES):
-            seen = seen | _matches(ids_ptr, mine, r, chunk + part, num_rows)
-    return (tl.max(seen.to(tl.int32), axis=1) > 0) & live
+def batch_ids(ids_ptr, num_rows, num_slots, WIDTH: tl.constexpr):
+    """The batch's first ``WIDTH`` ids for :func:`duplicated`, as an int32 ``[WIDTH //
+    LANES, LANES]`` tile (id ``j`` at ``[j // LANES, j % LANES]``), every id that names no
+    slot (outside ``[0, num_slots)``, or past ``num_rows``) made -1: so a bad int64 id
+    cannot alias a slot in 32 bits. Loaded at a kernel's start, so that the load overlaps
+    the row's own loads and the compare can wait until the row's block loads are issued."""
+    o = tl.arange(0, WIDTH // LANES)[:, None] * LANES + tl.arange(0, LANES)[None, :]
+    return _slot_ids(tl.load(ids_ptr + o, mask=o < num_rows, other=-1), num_slots)
 
 
 @triton.jit
-def _matches(ids_ptr, mine, r, start, num_rows):
-    """``[rows, LANES]``: whether batch row ``start + j``, other than row ``r``, holds the id
-    ``mine`` (``[rows, 1]``)."""
-    o = start + tl.arange(0, LANES)
-    ids = tl.load(ids_ptr + o, mask=o < num_rows, other=-1)
-    return (mine == ids[None, :]) & (r[:, None] != o[None, :])
+def _slot_ids(ids, num_slots):
+    return tl.where((ids >= 0) & (ids < num_slots), ids, -1).to(tl.int32)
+
+
+@triton.jit
+def duplicated(ids_ptr, head, slot, live, num_rows, num_slots, CHUNK: tl.constexpr,
+               WIDTH: tl.constexpr):
+    """Whether another of the ``num_rows`` rows names the slot of this program's live row
+    (``slot``, ``[rows]``): every row of a duplicated slot is found, whatever program holds
+    the other. The first ``WIDTH`` ids come in ``head`` (:func:`batch_ids`), the rest
+    (batches past ``WIDTH``) are loaded ``CHUNK`` per loop trip. A live row's own id
+    matches it once, so a second match is a duplicate.
+
+    The matches are counted in a ``[chunks, rows, LANES]`` tile whose chunk axis each
+    thread holds whole and whose lanes are one warp's: both sums stay inside a warp (a
+    wider tile spreads the batch over warps: shared memory and CTA barriers,
+    benchmarks/README.md)."""
+    mine = tl.where(live, slot, -2).to(tl.int32)  # -2: no id of the batch matches it
+    n = tl.sum((head[:, None, :] == mine[None, :, None]).to(tl.int32), axis=0)
+    for chunk in range(WIDTH, num_rows, CHUNK):
+        for part in tl.static_range(0, CHUNK, LANES):
+            o = chunk + part + tl.arange(0, LANES)
+            ids = _slot_ids(tl.load(ids_ptr + o, mask=o < num_rows, other=-1), num_slots)
+            n += (mine[:, None] == ids[None, :]).to(tl.int32)
+    return tl.sum(n, axis=1) > 1
 
 
 @triton.jit

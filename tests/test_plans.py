@@ -114,3 +114,12 @@ def test_plans_are_read_only_and_options_are_typed():
         sample_plan(K.POSTPROCESS, block_size=True)  # straight to the builder: still refused
     spec = K.ArraySpec([3], "int64", [1])  # lists become tuples: hashable
     assert spec == IDS and hash(spec) == hash(IDS)
+
+
+@pytest.mark.parametrize("op", [op for op in K.OPS if "state_idx" in op.arrays],
+                         ids=lambda op: op.name)
+def test_slot_arrays_past_int32_are_refused(op):
+    # the duplicate check compares slots in 32 bits: 2**31 slots would wrap
+    huge = K.ArraySpec.row_major((2**31,), "int64")
+    with pytest.raises(ValueError, match="fewer than 2\\*\\*31 slots"):
+        sample_plan(op, state_idx=huge, acc=huge, num_computed=huge)
