@@ -345,6 +345,8 @@ def checks_md(results: Path) -> str:
              "(the checks' own cost, kernel by kernel: benchmarks/README.md). "
              "`torch_graph` is device time under CUDA-graph replay; the other rows are "
              "host-bound and vary from run to run by more than the checks' cost.", "",
+             "These runs date from {date}; the checks' own cost on the current code is in "
+             "the next table.", "",
              "| batch | method | before the checks | fast path (checks on device) | change "
              "| checked mode (`validate=True`) |", "|---|---|---:|---:|---:|---:|"]
     for label, new_path, old_path in pairs:
@@ -360,7 +362,51 @@ def checks_md(results: Path) -> str:
                              f"{(n[m] / o[m] - 1) * 100:+.0f} % | {_fmt(checked, '.1f')} |")
     lines += ["", "Sources: " + ", ".join(f"`{_shown(p)}`" for _, a, b in pairs for p in (a, b))
               + "."]
-    return head + "\n".join(lines)
+    date = json.loads(pairs[0][1].read_text())["header"]["date"]
+    return head + "\n".join(lines).replace("{date}", date) + own_cost_md(results)
+
+
+def _kernel_us(run: Dict[str, Any], name: str) -> float:
+    """The device time of the one kernel called ``name`` in a probe_step_kernels run."""
+    (us,) = [k["us"] for k in run["kernels"] if k["name"] == name]
+    return us
+
+
+#: ``probe_step_kernels.py`` labels: the version before the checks with its own copy grids
+#: and with today's (``--variant newgrids``), and this version, all from one run
+OWN_COST = ("baseline", "baseline_newgrids", "current")
+
+
+def own_cost_md(results: Path) -> str:
+    """The checks' own cost: ``probe_step_kernels.py``'s graph-replayed step on this
+    version and, in the same run, on the version before the checks with today's copy grids;
+    the two bookkeeping kernels kernel by kernel."""
+    runs = {}
+    for rows in (64, 512):
+        paths = [results / f"probe_step_kernels_{label}_rows{rows}_h200.json" for label in OWN_COST]
+        if all(p.exists() for p in paths):
+            runs[rows] = [json.loads(p.read_text()) for p in paths]
+    if not runs:
+        return ""
+    lines = ["", "", "The checks' own cost: `probe_step_kernels.py` replays the same step from a "
+             "CUDA graph (device time per step, event timer; each kernel's time from the "
+             "profiler) on this version and, in the same run, on the version before the "
+             "checks, once with its own copy grids and once with today's "
+             "(`--variant newgrids`), so that only the checks differ. Run of "
+             f"{runs[min(runs)][2]['date']}.", "",
+             "| batch | before the checks | same, today's copy grids | fast path | checks' own "
+             "cost | `preprocess_resolve` | `postprocess` |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for rows, (old, same_grids, new) in runs.items():
+        t = [r["us_per_step_event_timer"] for r in (old, same_grids, new)]
+        k = [[_kernel_us(r, name) for r in (same_grids, new)]
+             for name in ("preprocess_resolve_kernel", "postprocess_kernel")]
+        lines.append(f"| {rows} rows | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | "
+                     f"{(t[2] / t[1] - 1) * 100:+.1f} % | "
+                     + " | ".join(f"{a:.2f} -> {b:.2f}" for a, b in k) + " |")
+    lines += ["", "µs; the kernel columns are the version before the checks (today's copy "
+              "grids) -> this version. Sources: `benchmarks/results/probe_step_kernels_"
+              "{baseline,baseline_newgrids,current}_rows{64,512}_h200.json`."]
+    return "\n".join(lines)
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -92,3 +92,13 @@ def test_serving_loop_examples_show_exact_prefix_caching(example):
     assert out.returncode == 0, out.stderr
     assert "resumed from a cached block after 16 tokens" in out.stdout
     assert "outputs identical bit for bit: True" in out.stdout
+
+
+def test_benchmarks_md_is_what_the_results_give(tmp_path):
+    # BENCHMARKS.md is generated: a figure edited by hand or a result file added without
+    # regenerating it would show here
+    out = tmp_path / "BENCHMARKS.md"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "make_benchmarks_md.py"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert out.read_text() == (ROOT / "BENCHMARKS.md").read_text()
