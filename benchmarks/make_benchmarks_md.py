@@ -345,8 +345,7 @@ def checks_md(results: Path) -> str:
              "(the checks' own cost, kernel by kernel: benchmarks/README.md). "
              "`torch_graph` is device time under CUDA-graph replay; the other rows are "
              "host-bound and vary from run to run by more than the checks' cost.", "",
-             "These runs date from {date}; the checks' own cost on the current code is in "
-             "the next table.", "",
+             "These runs date from {date} and may predate the current kernels.{next}", "",
              "| batch | method | before the checks | fast path (checks on device) | change "
              "| checked mode (`validate=True`) |", "|---|---|---:|---:|---:|---:|"]
     for label, new_path, old_path in pairs:
@@ -363,7 +362,9 @@ def checks_md(results: Path) -> str:
     lines += ["", "Sources: " + ", ".join(f"`{_shown(p)}`" for _, a, b in pairs for p in (a, b))
               + "."]
     date = json.loads(pairs[0][1].read_text())["header"]["date"]
-    return head + "\n".join(lines).replace("{date}", date) + own_cost_md(results)
+    own = own_cost_md(results)
+    nxt = " The checks' own cost, measured more directly, is in the next table." if own else ""
+    return head + "\n".join(lines).replace("{date}", date).replace("{next}", nxt) + own
 
 
 def _kernel_us(run: Dict[str, Any], name: str) -> float:
@@ -373,14 +374,14 @@ def _kernel_us(run: Dict[str, Any], name: str) -> float:
 
 
 #: ``probe_step_kernels.py`` labels: the version before the checks with its own copy grids
-#: and with today's (``--variant newgrids``), and this version, all from one run
+#: and with the current ones (``--variant newgrids``), and this version, all from one run
 OWN_COST = ("baseline", "baseline_newgrids", "current")
 
 
 def own_cost_md(results: Path) -> str:
     """The checks' own cost: ``probe_step_kernels.py``'s graph-replayed step on this
-    version and, in the same run, on the version before the checks with today's copy grids;
-    the two bookkeeping kernels kernel by kernel."""
+    version and, in the same run, on the version before the checks with the current copy
+    grids; the two bookkeeping kernels kernel by kernel."""
     runs = {}
     for rows in (64, 512):
         paths = [results / f"probe_step_kernels_{label}_rows{rows}_h200.json" for label in OWN_COST]
@@ -391,10 +392,11 @@ def own_cost_md(results: Path) -> str:
     lines = ["", "", "The checks' own cost: `probe_step_kernels.py` replays the same step from a "
              "CUDA graph (device time per step, event timer; each kernel's time from the "
              "profiler) on this version and, in the same run, on the version before the "
-             "checks, once with its own copy grids and once with today's "
-             "(`--variant newgrids`), so that only the checks differ. Run of "
+             "checks, once with its own copy grids and once with the current ones "
+             "(`--variant newgrids`: those of `b6764f2`), so that only the checks differ. "
+             "Run of "
              f"{runs[min(runs)][2]['date']}.", "",
-             "| batch | before the checks | same, today's copy grids | fast path | checks' own "
+             "| batch | before the checks | same, current copy grids | fast path | checks' own "
              "cost | `preprocess_resolve` | `postprocess` |", "|---|---:|---:|---:|---:|---:|---:|"]
     for rows, (old, same_grids, new) in runs.items():
         t = [r["us_per_step_event_timer"] for r in (old, same_grids, new)]
@@ -403,7 +405,7 @@ def own_cost_md(results: Path) -> str:
         lines.append(f"| {rows} rows | {t[0]:.2f} | {t[1]:.2f} | {t[2]:.2f} | "
                      f"{(t[2] / t[1] - 1) * 100:+.1f} % | "
                      + " | ".join(f"{a:.2f} -> {b:.2f}" for a, b in k) + " |")
-    lines += ["", "µs; the kernel columns are the version before the checks (today's copy "
+    lines += ["", "µs; the kernel columns are the version before the checks (current copy "
               "grids) -> this version. Sources: `benchmarks/results/probe_step_kernels_"
               "{baseline,baseline_newgrids,current}_rows{64,512}_h200.json`."]
     return "\n".join(lines)

@@ -38,10 +38,10 @@ ROWS_PER_PROGRAM = 8
 #: The duplicate check (:func:`.rows.duplicated`) compares a program's rows with the
 #: batch's first ``width`` ids unrolled, ``width`` the batch size rounded up to a power of
 #: two within [32, DUP_UNROLL] (one compile per size bucket); larger batches compare the
-#: rest ``DUP_CHUNK`` ids per loop trip.
+#: rest ``DUP_CHUNK`` ids per loop trip. Both are multiples of 32 (the compare's parts).
 DUP_CHUNK = 128
 DUP_UNROLL = 1024
-#: Warps per program of the bookkeeping launches (1 and 2 measured: benchmarks/README.md).
+#: Warps per program of the bookkeeping launches (1, 2 and 8 measured: benchmarks/README.md).
 WARPS = 4
 
 
@@ -297,7 +297,7 @@ ADD_REQUESTS = Op(
     doc="""Seed request slots ``slots`` (int ``[n]``, -1 = skip) with ``num_computed_new``
     (int ``[n]``: 0 when fresh, ``c·B`` after a prefix-cache hit of ``c`` blocks):
     ``state_idx = (num_computed - 1) // B``, ``acc = 1``. The per-slot arrays (int32/int64
-    ``[num_slots]``) are updated in place. Faults: a slot outside ``[-1, num_slots)``, a
+    ``[num_slots]``, ``num_slots < 2**31``) are updated in place. Faults: a slot outside ``[-1, num_slots)``, a
     slot named twice, ``num_computed_new`` negative or past the index dtype.""" + FAULT_DOC,
 )
 
@@ -311,9 +311,10 @@ POSTPROCESS = Op(
     returns=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"),
     skipped={"cache_col": -1, "copy_tsrc": -1, "copy_csrc": -1, "copy_dst": -1, "copy_bias": 0},
     doc="""Steps 5-7 of docs/semantics.md §2 on the device: accept ``num_sampled`` (int
-    ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` are updated in
-    place; returns per-row ``cache_col`` (the column whose block may enter the prefix cache,
-    -1 if none) and the post-process copy plan ``copy_tsrc``, ``copy_csrc``, ``copy_dst``,
+    ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` (int32/int64
+    ``[num_slots]``, ``num_slots < 2**31``) are updated in place; returns per-row
+    ``cache_col`` (the column whose block may enter the prefix cache, -1 if none) and the
+    post-process copy plan ``copy_tsrc``, ``copy_csrc``, ``copy_dst``,
     ``copy_bias`` (int64 ``[rows]``; int32 in JAX without x64). ``num_blocks``: the blocks
     of the smallest pool. Faults: a bad or repeated slot; a spec row with ``query_len``
     outside ``[1, 1 + num_spec]`` or ``num_sampled`` outside ``[1, query_len]``; a

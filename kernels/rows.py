@@ -65,6 +65,8 @@ def duplicated(ids_ptr, head, slot, live, num_rows, num_slots, CHUNK: tl.constex
     thread holds whole and whose lanes are one warp's: both sums stay inside a warp (a
     wider tile spreads the batch over warps: shared memory and CTA barriers,
     benchmarks/README.md)."""
+    # whole parts of LANES ids, so that no id is counted twice
+    tl.static_assert(WIDTH // LANES * LANES == WIDTH and CHUNK // LANES * LANES == CHUNK)
     mine = tl.where(live, slot, -2).to(tl.int32)  # -2: no id of the batch matches it
     n = tl.sum((head[:, None, :] == mine[None, :, None]).to(tl.int32), axis=0)
     for chunk in range(WIDTH, num_rows, CHUNK):

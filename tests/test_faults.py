@@ -129,6 +129,24 @@ def test_duplicates_are_found_across_programs(device_backend, n, partner):
     assert (np.delete(out["run_col"], [3, partner]) == 0).all()
 
 
+def test_past_the_unrolled_width_pairs_are_found_and_int64_ids_do_not_alias():
+    # rows 1050 and 1150 share a slot and both lie in the loop of the duplicate check; row
+    # 1100's int64 id is slot 1070 plus 2^32 (the check compares in 32 bits after making
+    # every id that names no slot -1): a bad slot, not a duplicate of row 1070
+    backend, n = Torch(), 1200
+    assert row_launch(n)["constexprs"]["WIDTH"] < 1050
+    s = slots(np.zeros(n, np.int64), np.ones(n, np.int64), np.full(n, 3))
+    idx = np.arange(n)
+    idx[1150] = 1050
+    idx[1100] = 2**32 + 1070
+    _, out = backend.preprocess_resolve(s, idx, np.ones(n), np.ones(n),
+                                        np.arange(1, 1 + n * 4).reshape(n, 4), B, S)
+    assert bits(backend) == Fault.DUPLICATE_SLOT | Fault.BAD_SLOT
+    assert backend.last_errors[1] == 1050
+    assert (out["run_col"][[1050, 1100, 1150]] == -1).all()
+    assert (np.delete(out["run_col"], [1050, 1100, 1150]) == 0).all()
+
+
 @pytest.mark.parametrize("bad_slot", [7, -3])
 def test_a_slot_outside_the_arrays_is_skipped_and_flagged(device_backend, bad_slot):
     s = state_with((0, 1, 3))
