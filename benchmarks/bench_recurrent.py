@@ -37,6 +37,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # before jax is
 import argparse
 import datetime
 import functools
+import itertools
 import json
 import sys
 import tempfile
@@ -186,45 +187,49 @@ def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> Non
         return jnp.asarray(t.cpu().numpy())
 
     T, B = c.T, c.B
-    c.i = 0  # the first group of blocks, as the JAX calls below start with
-    rbs = jnp.stack([J(rb) for rb, _, _ in c.sets])
-    wbss = jnp.stack([J(wbs) for _, wbs, _ in c.sets])
-    crbs = jnp.stack([J(rb) for rb, _ in c.csets])
-    cwbs = jnp.stack([J(wb) for _, wb in c.csets])
+    c.i = 0  # the references below read group 0's blocks, as the first JAX calls do
+    # the group of blocks of each call is chosen on the host, as the torch rows choose it
+    # while capturing: the jitted call holds the launch alone (and what XLA adds to it)
+    groups = {"gdn": [(J(rb), J(wbs)) for rb, wbs, _ in c.sets],
+              "conv": [(J(rb), J(wb)) for rb, wb in c.csets]}
     gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu)]
     conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu)]
     spec, off = J(c.is_spec), J(c.off)
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def gdn(carry, q, k, v, a, b, A_log, dt_bias, cu):  # noqa: N803
-        p, e, i = carry  # the i-th group of blocks, as the torch rows cycle
+    def gdn(carry, group, q, k, v, a, b, A_log, dt_bias, cu):  # noqa: N803
+        p, e = carry
         out = jops.gated_delta_rule_fused_gates(p, e, q, k, v, a, b, A_log, dt_bias, cu,
-                                                rbs[i % c.nsets], wbss[i % c.nsets], spec,
-                                                layer=1, use_qk_l2norm=True)
-        return (out["pool"], out["errors"], i + 1), out["o"]
+                                                group[0], group[1], spec, layer=1,
+                                                use_qk_l2norm=True)
+        return (out["pool"], out["errors"]), out["o"]
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def conv(carry, x, w, cb, cu):
-        p, e, i = carry
-        out = jops.conv1d_update(p, e, x, w, cb, cu, crbs[i % c.cnsets], off, cwbs[i % c.cnsets],
-                                 spec, layer=1, layout="DS")
-        return (out["pool"], out["errors"], i + 1), out["y"]
+    def conv(carry, group, x, w, cb, cu):
+        p, e = carry
+        out = jops.conv1d_update(p, e, x, w, cb, cu, group[0], off, group[1], spec, layer=1,
+                                 layout="DS")
+        return (out["pool"], out["errors"]), out["y"]
 
     for name, fn, pool, args, ref in (("gdn", gdn, c.pool, gdn_in, lambda: c.gdn_ref(0)[0]),
                                       ("conv", conv, c.cpool, conv_in, lambda: c.conv_ref(0))):
-        carry = (J(pool), jnp.asarray(np.array([0, 2**31 - 1], np.int32)), jnp.int32(0))
-        carry, out = fn(carry, *args)
+        carry = (J(pool), jnp.asarray(np.array([0, 2**31 - 1], np.int32)))
+        carry, out = fn(carry, groups[name][0], *args)  # group 0: the reference's blocks
         check(f"ours_jax {name} B={B}", torch.as_tensor(np.asarray(out[:T], np.float32)),
               ref(), 2e-2)
-        ms, carry, by_name = device_ms(lambda cr: fn(cr, *args)[0], carry)
+
+        def step(cr, fn=fn, g=groups[name], args=args, calls=itertools.count(1)):
+            return fn(cr, g[next(calls) % len(g)], *args)[0]
+
+        ms, carry, by_name = device_ms(step, carry)
         if np.asarray(carry[1]).tolist() != [0, 2**31 - 1]:
             raise SystemExit(f"ours_jax {name} B={B}: faults {np.asarray(carry[1]).tolist()}")
         nbytes = (state_bytes(s, B, T if c.spec else 1) if name == "gdn" else
                   conv_bytes(s, B, T + s["KC"] - 2 if c.spec else s["KC"] - 1))
         rec(name, "ours_jax", B, T, None, nbytes, "profiler busy time", ms=ms)
         records[-1]["ms_by_activity"] = by_name
-        # the Triton kernel's own device time, without the XLA kernels of this benchmark's
-        # jitted function (the group of blocks it selects): what torch's graph holds
+        # the Triton kernel's own device time, without what XLA adds around it (what
+        # torch's graph holds)
         own = [v for k, v in by_name.items() if KERNEL_NAMES[name] in k]
         if own:
             rec(name, "ours_jax_kernel", B, T, None, nbytes, "the kernel's busy time",
