@@ -102,3 +102,23 @@ def test_benchmarks_md_is_what_the_results_give(tmp_path):
                         "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert out.read_text() == (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_the_checks_section_points_to_the_own_cost_table_only_when_it_has_one(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from make_benchmarks_md import CHECK_PAIRS, OWN_COST, checks_md
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = ROOT / "benchmarks" / "results"
+    for _, a, b in CHECK_PAIRS:
+        for name in (a, b):
+            (tmp_path / name).write_text((results / name).read_text())
+    without = checks_md(tmp_path)
+    assert "next table" not in without and "checks' own cost |" not in without
+    for label in OWN_COST:
+        for rows in (64, 512):
+            name = f"probe_step_kernels_{label}_rows{rows}_h200.json"
+            (tmp_path / name).write_text((results / name).read_text())
+    with_table = checks_md(tmp_path)
+    assert "next table" in with_table and "| 512 rows |" in with_table.split("checks' own cost |")[1]
