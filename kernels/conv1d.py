@@ -269,8 +269,8 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> i
     half that in a smaller batch (lower latency where the GPU is not full) and in a "DS"
     decode batch (at most one token per row on average: a one-token row's window is three
     strided 2-byte reads and three writes per channel there, and more, shorter programs
-    keep more of them in flight; measured in benchmarks/README.md). Every output is its own sum of the taps in
-    order, so the tile changes no bits."""
+    keep more of them in flight; measured in benchmarks/README.md). Every output is its own
+    sum of the taps in order, so the tile changes no bits."""
     full = num_rows >= SMALL_BATCH and (layout == "SD" or num_tokens > num_rows)
     cap = MAX_TILE_D if full else max(16, MAX_TILE_D // 2)
     return min(cap, next_pow2(max(dim, 16)))

@@ -195,10 +195,10 @@ PREPROCESS_RESOLVE = Op(
     returns=PER_ROW,
     skipped={n: 0 if n.endswith("bias") else -1 for n in PER_ROW},
     doc="""Step 1 of docs/semantics.md §2 and the resolution of §4, one launch. Updates
-    ``state_idx`` / ``acc`` (int32/int64 ``[num_slots]``, ``num_slots < 2**31``) in place from ``idx_mapping``,
-    ``query_len`` (int ``[rows]``), ``is_spec`` (bool/int ``[rows]``) and ``block_table``
-    (int ``[>= num_slots, max_cols]``); returns per row: ``src_col``, ``src_bias``,
-    ``run_col``, the pre-copy plan ``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
+    ``state_idx`` / ``acc`` (int32/int64 ``[num_slots]``, ``num_slots < 2**31``) in place
+    from ``idx_mapping``, ``query_len`` (int ``[rows]``), ``is_spec`` (bool/int ``[rows]``)
+    and ``block_table`` (int ``[>= num_slots, max_cols]``); returns per row: ``src_col``,
+    ``src_bias``, ``run_col``, the pre-copy plan ``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /
     ``copy_bias``, and the kernels' blocks ``temporal_read``, ``conv_read``,
     ``conv_read_bias``, ``temporal_write`` (``[rows, 1 + num_spec]``), ``conv_write``
     (int64; int32 in JAX without x64). ``num_blocks``: the blocks of the smallest pool;

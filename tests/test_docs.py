@@ -121,4 +121,5 @@ def test_the_checks_section_points_to_the_own_cost_table_only_when_it_has_one(tm
             name = f"probe_step_kernels_{label}_rows{rows}_h200.json"
             (tmp_path / name).write_text((results / name).read_text())
     with_table = checks_md(tmp_path)
-    assert "next table" in with_table and "| 512 rows |" in with_table.split("checks' own cost |")[1]
+    table = with_table.split("checks' own cost |")[1]
+    assert "next table" in with_table and "| 512 rows |" in table
