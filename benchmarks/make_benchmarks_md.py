@@ -337,6 +337,9 @@ def checks_md(results: Path) -> str:
              if (results / a).exists() and (results / b).exists()]
     if not pairs:
         return head + "Not measured."
+    date = json.loads(pairs[0][1].read_text())["header"]["date"]
+    own = own_cost_md(results)
+    nxt = " The checks' own cost, measured more directly, is in the next table." if own else ""
     lines = ["Whole steps (preprocess + postprocess and their copy launches, nothing to copy), "
              "µs per step (sustained), from `bench_dispatch.py` run in one session on this "
              "version and on the version before the checks (`.baseline/`, see the Makefile). "
@@ -345,7 +348,7 @@ def checks_md(results: Path) -> str:
              "(the checks' own cost, kernel by kernel: benchmarks/README.md). "
              "`torch_graph` is device time under CUDA-graph replay; the other rows are "
              "host-bound and vary from run to run by more than the checks' cost.", "",
-             "These runs date from {date} and may predate the current kernels.{next}", "",
+             f"These runs date from {date} and may predate the current kernels.{nxt}", "",
              "| batch | method | before the checks | fast path (checks on device) | change "
              "| checked mode (`validate=True`) |", "|---|---|---:|---:|---:|---:|"]
     for label, new_path, old_path in pairs:
@@ -361,10 +364,7 @@ def checks_md(results: Path) -> str:
                              f"{(n[m] / o[m] - 1) * 100:+.0f} % | {_fmt(checked, '.1f')} |")
     lines += ["", "Sources: " + ", ".join(f"`{_shown(p)}`" for _, a, b in pairs for p in (a, b))
               + "."]
-    date = json.loads(pairs[0][1].read_text())["header"]["date"]
-    own = own_cost_md(results)
-    nxt = " The checks' own cost, measured more directly, is in the next table." if own else ""
-    return head + "\n".join(lines).replace("{date}", date).replace("{next}", nxt) + own
+    return head + "\n".join(lines) + own
 
 
 def _kernel_us(run: Dict[str, Any], name: str) -> float:
