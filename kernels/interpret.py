@@ -1,5 +1,5 @@
-"""Two changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
-it, one for NumPy 2.5.
+"""Three changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
+it, one for NumPy 2.5, one for batch invariance on every CPU.
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch
 starts and restores them when it ends. A call of a ``@triton.jit`` helper from inside a
@@ -15,6 +15,17 @@ The interpreter holds a scalar argument as a one-element array and gives tensors
 ``__index__`` that calls ``int`` on it (``range(0, n, BLOCK)`` over a scalar ``n`` does),
 which NumPy 2.5 refuses for arrays of one dimension (deprecated since 1.25). Every swap
 :func:`install` lets through sets an ``__index__`` that takes the one element first.
+The interpreter computes ``tl.dot`` with ``np.matmul``, that is with the BLAS NumPy was
+built with, and a BLAS may sum a row's products in an order that depends on where the row
+sits in the tile: OpenBLAS 0.3.30's Haswell kernel did on an AMD EPYC with AVX2 (a row
+placed at each of 16 positions of a ``[16, 32] @ [32, 64]`` float32 product, with zero or
+random neighbours: 20 of the 32 results differed in some bit), while the machines before
+it gave the same bits. The dense kernels' batch invariance (a row's result never depends
+on the other rows, :mod:`.dense`) then held on some CPUs only. :func:`install` makes a
+floating-point ``tl.dot`` multiply in float64, exact for float32 and narrower inputs, and
+sum each output over ``K`` on its own (no BLAS), rounded once to the accumulator's dtype
+before it is added, as before. Compiled kernels are untouched.
+
 Written for Triton 3.6.
 """
 
@@ -23,6 +34,7 @@ from __future__ import annotations
 import inspect
 import threading
 
+import numpy as np
 import triton
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
@@ -38,16 +50,36 @@ def _index(self) -> int:
     return int(self.handle.data.item())
 
 
+def _row_invariant_dot(dot):
+    """The interpreter's ``create_dot`` with floating-point products summed without BLAS:
+    ``a @ b`` in float64, each output summed over ``K`` by itself, rounded to ``d``'s dtype,
+    plus ``d``. Integer and 8-bit float products go to ``dot``."""
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        x, y = a.data, b.data
+        if x.dtype.kind != "f" or y.dtype.kind != "f" or 8 in (a.dtype.primitive_bitwidth,
+                                                            b.dtype.primitive_bitwidth):
+            return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+        prod = np.sum(x.astype(np.float64)[..., :, :, None] * y.astype(np.float64)[..., None, :, :],
+                      axis=-2)
+        return _interpreter.TensorHandle(prod.astype(d.data.dtype) + d.data, d.dtype.scalar)
+
+    create_dot.row_invariant = True
+    return create_dot
+
+
 def install() -> bool:
-    """Make helper calls during a launch skip the redundant swap, and every swap set
-    :func:`_index` as the tensors' ``__index__``; ``False`` if this
-    Triton's interpreter is not the one this was written for (nothing changed), or it is
-    already installed."""
+    """Make helper calls during a launch skip the redundant swap, every swap set
+    :func:`_index` as the tensors' ``__index__``, and ``tl.dot`` sum each row without BLAS;
+    ``False`` if this Triton's interpreter is not the one this was written for (nothing
+    changed), or it is already installed."""
     patch = getattr(_interpreter, "_patch_lang", None)
     launcher = getattr(_interpreter, "GridExecutor", None)
     scope = getattr(_interpreter, "_LangPatchScope", None)
+    builder = getattr(_interpreter, "InterpreterBuilder", None)
     if (not triton.__version__.startswith("3.6.") or patch is None or scope is None
-            or launcher is None or getattr(patch, "skips_nested_swaps", False)):
+            or launcher is None or builder is None or not hasattr(builder, "create_dot")
+            or not hasattr(_interpreter, "TensorHandle")
+            or getattr(patch, "skips_nested_swaps", False)):
         return False
     launching = threading.local()  # launches running in this thread; the next swap its own
     langs_of = {}  # a function's triton.language modules, as its globals name them
@@ -77,6 +109,7 @@ def install() -> bool:
             launching.depth -= 1
             launching.fresh = False
 
+    builder.create_dot = _row_invariant_dot(builder.create_dot)
     patch_lang.skips_nested_swaps = True
     patch_lang.original = patch
     _interpreter._patch_lang = patch_lang

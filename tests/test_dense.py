@@ -49,6 +49,19 @@ def test_torch_and_jax_give_the_same_bits(op, dtype):
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_projection_row_gives_the_same_bits_at_every_place_in_its_tile(device_backend):
+    # at each of a row tile's places among random neighbours, and alone (a BLAS-backed
+    # product in the interpreter failed this on some CPUs: kernels/interpret.py)
+    rng = np.random.default_rng(3)
+    x, w = arrays("linear", rng, np.float32, rows=1)
+    alone = device_backend.dense("linear", x, w)[0]
+    for place in range(kdense.BLOCK_M):
+        batch = rng.normal(size=(kdense.BLOCK_M, K)).astype(np.float32)
+        batch[place] = x[0]
+        got = device_backend.dense("linear", batch, w)[place]
+        np.testing.assert_array_equal(got, alone, err_msg=f"row at place {place}")
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_a_row_gives_the_same_bits_in_any_batch(device_backend, op):
     # row 17 alone, and among 37 rows (another row tile, other neighbours in its tile)
