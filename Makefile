@@ -15,7 +15,7 @@ STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 
 .PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-test-1 gpu-test-2 gpu-test-3 gpu-fuzz \
-	sanitize gpu-bench
+	sanitize sanitize-memcheck sanitize-racecheck gpu-bench
 
 venv: $(STAMP)
 
@@ -38,7 +38,8 @@ clean:
 OUT ?= benchmarks/results
 SITE := /tmp/site
 # carried wheels (.whl/, e.g. jax-triton==0.3.1) go to $(SITE), first on PYTHONPATH
-gpu gpu-setup gpu-test gpu-test-1 gpu-test-2 gpu-test-3 gpu-fuzz sanitize gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
+gpu gpu-setup gpu-test gpu-test-1 gpu-test-2 gpu-test-3 gpu-fuzz sanitize sanitize-memcheck \
+	sanitize-racecheck gpu-bench: export PYTHONPATH := $(SITE):$(PYTHONPATH)
 gpu: gpu-test gpu-fuzz sanitize gpu-bench
 
 gpu-setup:
@@ -87,13 +88,17 @@ SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/co
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
 	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py tests/test_conv1d.py \
 	tests/test_gdn.py tests/test_copy_free_sequence.py
-sanitize: gpu-setup
+# in two parts, each of which fits one 600 s device call (sanitize: both; on 2026-12-02
+# memcheck took about 240 s, racecheck over the copies and the conv update about 350 s)
+sanitize: sanitize-memcheck sanitize-racecheck
+sanitize-memcheck: gpu-setup
 	! $(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 1 \
 	  python3 tests/sanitizer_control.py > $(OUT)/sanitize_control.log 2>&1
 	grep -E "Invalid __global__ write|ERROR SUMMARY" $(OUT)/sanitize_control.log
 	set -o pipefail; $(SANITIZE_ENV) FUZZ_EXAMPLES=100 $(SANITIZER) --tool memcheck \
 	  --error-exitcode 1 python3 -m pytest -q -p no:cacheprovider $(SANITIZE_TESTS) 2>&1 \
 	  | tee $(OUT)/sanitize_memcheck.log
+sanitize-racecheck: gpu-setup
 	set -o pipefail; $(SANITIZE_ENV) $(SANITIZER) --tool racecheck --error-exitcode 1 \
 	  python3 -m pytest -q -p no:cacheprovider tests/test_copy.py tests/test_conv1d.py \
 	  2>&1 | tee $(OUT)/sanitize_racecheck.log

@@ -15,16 +15,13 @@ The interpreter holds a scalar argument as a one-element array and gives tensors
 ``__index__`` that calls ``int`` on it (``range(0, n, BLOCK)`` over a scalar ``n`` does),
 which NumPy 2.5 refuses for arrays of one dimension (deprecated since 1.25). Every swap
 :func:`install` lets through sets an ``__index__`` that takes the one element first.
-The interpreter computes ``tl.dot`` with ``np.matmul``, that is with the BLAS NumPy was
-built with, and a BLAS may sum a row's products in an order that depends on where the row
-sits in the tile: OpenBLAS 0.3.30's Haswell kernel did on an AMD EPYC with AVX2 (a row
-placed at each of 16 positions of a ``[16, 32] @ [32, 64]`` float32 product, with zero or
-random neighbours: 20 of the 32 results differed in some bit), while the machines before
-it gave the same bits. The dense kernels' batch invariance (a row's result never depends
-on the other rows, :mod:`.dense`) then held on some CPUs only. :func:`install` makes a
-floating-point ``tl.dot`` multiply in float64, exact for float32 and narrower inputs, and
-sum each output over ``K`` on its own (no BLAS), rounded once to the accumulator's dtype
-before it is added, as before. Compiled kernels are untouched.
+The interpreter computes ``tl.dot`` with ``np.matmul``, that is with NumPy's BLAS, which
+may sum a row's products in an order that depends on where the row sits in the tile (seen
+on one CPU: benchmarks/README.md). The dense kernels' batch invariance (a row's result
+never depends on the other rows, :mod:`.dense`) then held on some CPUs only.
+:func:`install` makes a floating-point ``tl.dot`` multiply in float64, exact for float32
+and narrower inputs, and sum each output over ``K`` on its own (no BLAS), rounded once to
+the accumulator's dtype before it is added, as before. Compiled kernels are untouched.
 
 Written for Triton 3.6.
 """
