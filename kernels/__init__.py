@@ -17,7 +17,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") == "1":
     from .interpret import install as _install
 
-    _install()  # helper calls skip a redundant swap; a NumPy 2.5-proof __index__ (interpret.py)
+    _install()  # no redundant swaps; a NumPy 2.5-proof __index__; a row-invariant tl.dot
 
 from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # noqa: E402
                    check_pool, check_step_scalars, pool_scalars, table_scalars)

@@ -19,9 +19,10 @@ The interpreter computes ``tl.dot`` with ``np.matmul``, that is with NumPy's BLA
 may sum a row's products in an order that depends on where the row sits in the tile (seen
 on one CPU: benchmarks/README.md). The dense kernels' batch invariance (a row's result
 never depends on the other rows, :mod:`.dense`) then held on some CPUs only.
-:func:`install` makes a floating-point ``tl.dot`` multiply in float64, exact for float32
-and narrower inputs, and sum each output over ``K`` on its own (no BLAS), rounded once to
-the accumulator's dtype before it is added, as before. Compiled kernels are untouched.
+:func:`install` makes a ``tl.dot`` of float16 / float32 / float64 inputs multiply in
+float64 (exact for float32 and narrower) and sum each output over ``K`` on its own (no
+BLAS), rounded once to the accumulator's dtype before it is added, as before. Compiled
+kernels are untouched.
 
 Written for Triton 3.6.
 """
@@ -50,7 +51,8 @@ def _index(self) -> int:
 def _row_invariant_dot(dot):
     """The interpreter's ``create_dot`` with floating-point products summed without BLAS:
     ``a @ b`` in float64, each output summed over ``K`` by itself, rounded to ``d``'s dtype,
-    plus ``d``. Integer and 8-bit float products go to ``dot``."""
+    plus ``d``. Integer, bfloat16 and 8-bit float inputs, which the interpreter holds as
+    integers, go to ``dot`` (the kernels widen bfloat16 to float32 before a product)."""
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         x, y = a.data, b.data
         if x.dtype.kind != "f" or y.dtype.kind != "f" or 8 in (a.dtype.primitive_bitwidth,

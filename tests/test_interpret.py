@@ -1,9 +1,12 @@
-"""The two changes the package makes to Triton's CPU interpreter (kernels/interpret.py): a
+"""The three changes the package makes to Triton's CPU interpreter (kernels/interpret.py): a
 ``@triton.jit`` helper called during a launch skips re-swapping ``triton.language``, which
-the launch has swapped already; launches themselves go through Triton's own code. And a
-tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. That the kernels
-compute the same bits with them is the rest of the suite (every kernel against its
+the launch has swapped already; launches themselves go through Triton's own code. A
+tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. A floating-point
+``tl.dot`` sums each output by itself (the row invariance: tests/test_dense.py). That the
+kernels compute the same bits with them is the rest of the suite (every kernel against its
 reference, in the interpreter)."""
+
+import numpy as np
 
 import os
 import warnings
@@ -72,7 +75,30 @@ def swaps(monkeypatch):
 
 def test_installed_once_by_the_package():
     assert getattr(interpreter._patch_lang, "skips_nested_swaps", False)
+    assert getattr(interpreter.InterpreterBuilder.create_dot, "row_invariant", False)
+    dot = interpreter.InterpreterBuilder.create_dot
     assert install() is False  # already in place: nothing changes
+    assert interpreter.InterpreterBuilder.create_dot is dot  # not wrapped twice
+
+
+@triton.jit
+def _batched_dot(a_ptr, b_ptr, c_ptr):
+    i = tl.arange(0, 2)[:, None, None] * 256
+    m = tl.arange(0, 16)[None, :, None] * 16
+    n = tl.arange(0, 16)[None, None, :]
+    a = tl.load(a_ptr + i + m + n)
+    b = tl.load(b_ptr + i + m + n)
+    acc = tl.full((2, 16, 16), 1.0, tl.float32)
+    tl.store(c_ptr + i + m + n, tl.dot(a, b, acc, input_precision="ieee"))
+
+
+def test_a_batched_dot_adds_the_products_to_its_accumulator():
+    rng = np.random.default_rng(0)
+    a, b = (rng.normal(size=(2, 16, 16)).astype(np.float32) for _ in range(2))
+    c = torch.zeros(2, 16, 16)
+    _batched_dot[(1,)](torch.from_numpy(a), torch.from_numpy(b), c)
+    want = a.astype(np.float64) @ b.astype(np.float64) + 1.0
+    np.testing.assert_allclose(c.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 def test_a_launch_swaps_once_and_its_helper_calls_skip_the_swap(swaps):
