@@ -15,6 +15,7 @@ The interpreter holds a scalar argument as a one-element array and gives tensors
 ``__index__`` that calls ``int`` on it (``range(0, n, BLOCK)`` over a scalar ``n`` does),
 which NumPy 2.5 refuses for arrays of one dimension (deprecated since 1.25). Every swap
 :func:`install` lets through sets an ``__index__`` that takes the one element first.
+
 The interpreter computes ``tl.dot`` with ``np.matmul``, that is with NumPy's BLAS, which
 may sum a row's products in an order that depends on where the row sits in the tile (seen
 on one CPU: benchmarks/README.md). The dense kernels' batch invariance (a row's result
@@ -55,8 +56,7 @@ def _row_invariant_dot(dot):
     integers, go to ``dot`` (the kernels widen bfloat16 to float32 before a product)."""
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         x, y = a.data, b.data
-        if x.dtype.kind != "f" or y.dtype.kind != "f" or 8 in (a.dtype.primitive_bitwidth,
-                                                            b.dtype.primitive_bitwidth):
+        if x.dtype.kind != "f" or y.dtype.kind != "f":
             return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         prod = np.sum(x.astype(np.float64)[..., :, :, None] * y.astype(np.float64)[..., None, :, :],
                       axis=-2)

@@ -6,11 +6,10 @@ tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. A floati
 kernels compute the same bits with them is the rest of the suite (every kernel against its
 reference, in the interpreter)."""
 
-import numpy as np
-
 import os
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import triton
