@@ -31,6 +31,7 @@ from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned
 MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program at most (see conv_tile)
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
+MAX_SEQ_WIDTH = 512  # rows of cu_seqlens per trip of the launch's check, at most
 NUM_WARPS = 4
 
 
@@ -170,6 +171,7 @@ def conv1d_update_kernel(
     BLOCK_T: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
+    SEQ_WIDTH: tl.constexpr,  # rows of cu_seqlens checked in the check's first trip
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // num_tiles
@@ -181,7 +183,7 @@ def conv1d_update_kernel(
     wb = tl.load(write_block_ptr + row).to(tl.int64)
     spec = tl.load(is_spec_ptr + row) != 0
     n = t1 - t0
-    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
+    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, SEQ_WIDTH)
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | (wb < -1) | (wb >= num_blocks),
                       BAD_BLOCK, 0)
     fault |= tl.where((rb >= 0) & ((off < 0) | (off > WIDTH - K + 1)), BAD_OFFSET, 0)
@@ -276,6 +278,14 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> i
     return min(cap, next_pow2(max(dim, 16)))
 
 
+def seq_width(num_rows: int) -> int:
+    """Rows of ``cu_seqlens`` per trip of the launch-wide check (``rows.seqlens_fault``):
+    the batch as a power of two, at least 16 and at most :data:`MAX_SEQ_WIDTH`, so that a
+    batch up to that size is checked in one trip of straight-line loads (measured in
+    benchmarks/README.md). The check's answer does not depend on it: no bits change."""
+    return min(MAX_SEQ_WIDTH, next_pow2(max(16, num_rows)))
+
+
 def token_tile(num_tokens: int, num_rows: int) -> int:
     """Tokens per tile: the mean row length, as a power of two, at most :data:`MAX_BLOCK_T`
     (1 in a decode batch). Each output is its own sum of the taps in order, so the tile
@@ -335,7 +345,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
-                    "SILU": activation == "silu"},
+                    "SILU": activation == "silu", "SEQ_WIDTH": seq_width(rows)},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -29,6 +29,8 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
+#: rows of cu_seqlens a program checks per trip (fixed: a wider one costs registers)
+SEQ_WIDTH = 128
 
 
 @triton.jit
@@ -75,6 +77,7 @@ def _gdn(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    SEQ_WIDTH: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
@@ -124,7 +127,7 @@ def _gdn(
     ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
     gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
 
-    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, 128)
+    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, SEQ_WIDTH)
     bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
     fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
@@ -220,13 +223,14 @@ def gated_delta_rule_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    SEQ_WIDTH: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, SEQ_WIDTH)
 
 
 @same_binary_jit
@@ -274,13 +278,14 @@ def gated_delta_rule_fused_gates_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    SEQ_WIDTH: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, SEQ_WIDTH)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -349,7 +354,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
-                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2])},
+                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
+                    "SEQ_WIDTH": SEQ_WIDTH},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

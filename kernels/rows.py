@@ -126,18 +126,26 @@ def flag_row(errors_ptr, row, fault):
 
 
 @triton.jit
-def seqlens_fault(cu_ptr, num_rows, num_tokens, CHUNK: tl.constexpr):
+def seqlens_fault(cu_ptr, num_rows, num_tokens, WIDTH: tl.constexpr):
     """``BAD_CU_SEQLENS`` if ``cu_seqlens`` (``num_rows + 1`` entries) is not
     non-decreasing within ``[0, num_tokens]`` anywhere: rows would then overlap, so every
-    program of the launch sees the same answer (one pass over the entries)."""
-    bad = tl.zeros((CHUNK,), tl.int32)
-    for start in range(0, num_rows, CHUNK):
-        i = start + tl.arange(0, CHUNK).to(tl.int64)
-        m = i < num_rows
-        lo = tl.load(cu_ptr + i, mask=m, other=0).to(tl.int64)
-        hi = tl.load(cu_ptr + i + 1, mask=m, other=0).to(tl.int64)
-        bad = bad | (m & ((lo < 0) | (hi < lo) | (hi > num_tokens))).to(tl.int32)
+    program of the launch sees the same answer (one pass over the entries). The first
+    ``WIDTH`` rows' entries are checked in straight-line code (a batch up to ``WIDTH`` rows
+    takes no loop trip), any further rows ``WIDTH`` per loop trip."""
+    bad = _seqlens_bad(cu_ptr, 0, num_rows, num_tokens, WIDTH)
+    for start in range(WIDTH, num_rows, WIDTH):
+        bad = bad | _seqlens_bad(cu_ptr, start, num_rows, num_tokens, WIDTH)
     return tl.where(tl.max(bad, axis=0) > 0, BAD_CU_SEQLENS, 0)
+
+
+@triton.jit
+def _seqlens_bad(cu_ptr, start, num_rows, num_tokens, WIDTH: tl.constexpr):
+    """Per row ``start + [0, WIDTH)``: 1 where its entries are out of order or range."""
+    i = start + tl.arange(0, WIDTH).to(tl.int64)
+    m = i < num_rows
+    lo = tl.load(cu_ptr + i, mask=m, other=0).to(tl.int64)
+    hi = tl.load(cu_ptr + i + 1, mask=m, other=0).to(tl.int64)
+    return (m & ((lo < 0) | (hi < lo) | (hi > num_tokens))).to(tl.int32)
 
 
 @triton.jit
