@@ -282,7 +282,8 @@ def seq_width(num_rows: int) -> int:
     """Rows of ``cu_seqlens`` per trip of the launch-wide check (``rows.seqlens_fault``):
     the batch as a power of two, at least 16 and at most :data:`MAX_SEQ_WIDTH`, so that a
     batch up to that size is checked in one trip of straight-line loads (measured in
-    benchmarks/README.md). The check's answer does not depend on it: no bits change."""
+    benchmarks/README.md). The check's answer does not depend on it: no bits change. Each
+    width is its own compiled kernel (six at most)."""
     return min(MAX_SEQ_WIDTH, next_pow2(max(16, num_rows)))
 
 

@@ -29,7 +29,8 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
-#: rows of cu_seqlens a program checks per trip (fixed: a wider one costs registers)
+#: rows of cu_seqlens a program checks per trip: 128 as before (a trip sized to the batch,
+#: as the conv update's, is untried on this one-warp kernel under its register cap)
 SEQ_WIDTH = 128
 
 

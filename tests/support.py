@@ -384,5 +384,29 @@ def blocks_of(bt, num_blocks=None) -> int:
     return int(num_blocks) if num_blocks is not None else int(max(np.max(bt, initial=0), 0)) + 1
 
 
+# faults for a batch of 40 rows checked 16 per trip (the narrow_seqlens_check fixture):
+# none; a row out of order in the first trip, at its last row, at the loop's first row, in
+# the last (partial) trip, the last row; the last entry past T_total
+SEQLENS_FAULTS = [None, 3, 15, 16, 37, 39, "end"]
+
+
+def seqlens_case(n: int, fault):
+    """``cu_seqlens`` of ``n`` one-token rows with ``fault`` (see SEQLENS_FAULTS)."""
+    cu = np.arange(n + 1)
+    if fault == "end":
+        cu[n] = n + 1
+    elif fault is not None:
+        cu[fault + 1] = cu[fault] - 1  # row `fault` runs backwards
+    return cu
+
+
+def spec_of(a) -> "ArraySpec":
+    """What a plan is told of the contiguous NumPy array ``a``."""
+    from mamba_align.kernels import ArraySpec
+
+    a = np.asarray(a)
+    return ArraySpec.row_major(a.shape, a.dtype.name)
+
+
 def make_backend(name: str, **kw) -> Backend:
     return {"reference": Reference, "torch": Torch, "jax": Jax}[name](**kw)

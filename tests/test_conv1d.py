@@ -6,7 +6,7 @@ JAX run the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import make_backend
+from support import SEQLENS_FAULTS, make_backend, seqlens_case, spec_of
 
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
@@ -194,36 +194,26 @@ def test_bad_cu_seqlens_fault_every_row(backend, cu):
     np.testing.assert_array_equal(out, pool)
 
 
-@pytest.fixture
-def narrow_seqlens_check(monkeypatch):
-    """Programs check 16 rows of ``cu_seqlens`` per trip (the plan is rebuilt), so that a
-    small batch takes the check's loop past its first trip."""
-    monkeypatch.setattr(kconv, "MAX_SEQ_WIDTH", 16)
-    kconv.plan_conv1d_update.cache_clear()
-    yield
-    kconv.plan_conv1d_update.cache_clear()
-
-
-@pytest.mark.parametrize("bad_row", [None, 3, 20, 37])
+@pytest.mark.parametrize("fault", SEQLENS_FAULTS)
 def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqlens_check,
-                                                           bad_row):
-    # 40 one-token rows: the check's first trip covers rows 0-15, its loop 16-31 and 32-39
+                                                           fault):
+    # 40 one-token rows, 16 per trip: the first trip covers rows 0-15, the loop 16-39
     n = 40
-    assert kconv.seq_width(n) == 16
     rng = np.random.default_rng(11)
     pool = rng.normal(size=(L, 2 * n + 1, W, 16)).astype(np.float32)
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((n, 16), (16, K), (16,)))
-    cu = np.arange(n + 1)
-    if bad_row is not None:
-        cu[bad_row + 1] = cu[bad_row] - 1  # row bad_row runs backwards
-    args = (cu, np.arange(1, n + 1), np.ones(n, np.int64), np.arange(n + 1, 2 * n + 1),
-            np.zeros(n, np.int64))
+    ids = np.arange(1, n + 1), np.ones(n, np.int64), np.arange(n + 1, 2 * n + 1)
+    args = (seqlens_case(n, fault),) + ids + (np.zeros(n, np.int64),)
+    plan = kconv.plan_conv1d_update(*(spec_of(a) for a in (pool, new_errors(), x, w, cb)),
+                                    *(spec_of(a) for a in args), layer=1, layout="SD",
+                                    activation="silu")
+    assert plan.constexprs["SEQ_WIDTH"] == 16
     y, out, err = backend.conv1d_update(pool, x, w, cb, *args, layer=1, layout="SD")
     ry, rout, rerr = make_backend("reference").conv1d_update(pool, x, w, cb, *args, layer=1,
                                                              layout="SD")
     assert err.tolist() == rerr.tolist()
     np.testing.assert_array_equal(out, rout)
-    if bad_row is None:
+    if fault is None:
         assert err.tolist() == [0, NO_ROW]
         close(y, ry, np.float32)
     else:

@@ -6,7 +6,7 @@ the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import make_backend
+from support import SEQLENS_FAULTS, make_backend, seqlens_case, spec_of
 
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
@@ -129,38 +129,26 @@ def test_bad_cu_seqlens_fault_every_row(backend, cu):
     np.testing.assert_array_equal(out, pool)
 
 
-@pytest.fixture
-def narrow_seqlens_check(monkeypatch):
-    """Programs check 16 rows of ``cu_seqlens`` per trip (the plans are rebuilt), so that a
-    small batch takes the check's loop past its first trip."""
-    plans = (kgdn.plan_gated_delta_rule, kgdn.plan_gated_delta_rule_fused_gates)
-    monkeypatch.setattr(kgdn, "SEQ_WIDTH", 16)
-    for plan in plans:
-        plan.cache_clear()
-    yield
-    for plan in plans:
-        plan.cache_clear()
-
-
-@pytest.mark.parametrize("bad_row", [None, 3, 20, 37])
+@pytest.mark.parametrize("fault", SEQLENS_FAULTS)
 def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqlens_check,
-                                                           bad_row):
-    # 40 one-token rows: the check's first trip covers rows 0-15, its loop 16-31 and 32-39
+                                                           fault):
+    # 40 one-token rows, 16 per trip: the first trip covers rows 0-15, the loop 16-39
     n = 40
     rng = np.random.default_rng(12)
     pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 1, 8, 8))).astype(np.float32)
     q, k, v = (rng.normal(size=(n, 1, 8)).astype(np.float32) for _ in range(3))
     gates = {"g": -rng.uniform(0.01, 1, (n, 1)).astype(np.float32),
              "beta": rng.uniform(0, 1, (n, 1)).astype(np.float32)}
-    cu = np.arange(n + 1)
-    if bad_row is not None:
-        cu[bad_row + 1] = cu[bad_row] - 1  # row bad_row runs backwards
-    args = (cu, np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)[:, None],
+    args = (seqlens_case(n, fault), np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)[:, None],
             np.zeros(n, np.int64))
+    plan = kgdn.plan_gated_delta_rule(
+        *(spec_of(a) for a in (pool, new_errors(), q, k, v, gates["g"], gates["beta"])),
+        *(spec_of(a) for a in args), layer=1, scale=0.0, use_qk_l2norm=False, layout="VK")
+    assert plan.constexprs["SEQ_WIDTH"] == 16
     o, out, err = backend.gdn(pool, q, k, v, gates, *args, layer=1)
     ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, *args, layer=1)
     assert err.tolist() == rerr.tolist()
-    if bad_row is None:
+    if fault is None:
         assert err.tolist() == [0, NO_ROW]
         close(o, ro, 1e-5)
         close(out, rout, 1e-5)
