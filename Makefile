@@ -88,9 +88,8 @@ SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/co
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
 	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py tests/test_conv1d.py \
 	tests/test_gdn.py tests/test_copy_free_sequence.py
-# in two parts, each sized for one 600 s device call (sanitize: both). On 2026-12-02
-# memcheck took about 240 s; racecheck, cut short there, about 250 s over the copies and
-# 100 s over the conv update, so with the set-up and the GDN log about 400 s (an estimate)
+# in two parts, each sized for one 600 s device call (sanitize: both; the timings:
+# benchmarks/README.md, "compute-sanitizer")
 sanitize: sanitize-memcheck sanitize-racecheck
 sanitize-memcheck: gpu-setup
 	! $(SANITIZE_ENV) $(SANITIZER) --tool memcheck --error-exitcode 1 \

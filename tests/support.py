@@ -400,13 +400,5 @@ def seqlens_case(n: int, fault):
     return cu
 
 
-def spec_of(a) -> "ArraySpec":
-    """What a plan is told of the contiguous NumPy array ``a``."""
-    from mamba_align.kernels import ArraySpec
-
-    a = np.asarray(a)
-    return ArraySpec.row_major(a.shape, a.dtype.name)
-
-
 def make_backend(name: str, **kw) -> Backend:
     return {"reference": Reference, "torch": Torch, "jax": Jax}[name](**kw)

@@ -6,8 +6,9 @@ JAX run the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import SEQLENS_FAULTS, make_backend, seqlens_case, spec_of
+from support import SEQLENS_FAULTS, make_backend, seqlens_case
 
+from mamba_align.backends.jax.ops import spec
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
 from mamba_align.kernels import conv1d as kconv
@@ -204,8 +205,8 @@ def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqle
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((n, 16), (16, K), (16,)))
     ids = np.arange(1, n + 1), np.ones(n, np.int64), np.arange(n + 1, 2 * n + 1)
     args = (seqlens_case(n, fault),) + ids + (np.zeros(n, np.int64),)
-    plan = kconv.plan_conv1d_update(*(spec_of(a) for a in (pool, new_errors(), x, w, cb)),
-                                    *(spec_of(a) for a in args), layer=1, layout="SD",
+    plan = kconv.plan_conv1d_update(*(spec("a", a) for a in (pool, new_errors(), x, w, cb)),
+                                    *(spec("a", a) for a in args), layer=1, layout="SD",
                                     activation="silu")
     assert plan.constexprs["SEQ_WIDTH"] == 16
     y, out, err = backend.conv1d_update(pool, x, w, cb, *args, layer=1, layout="SD")

@@ -6,8 +6,9 @@ the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import SEQLENS_FAULTS, make_backend, seqlens_case, spec_of
+from support import SEQLENS_FAULTS, make_backend, seqlens_case
 
+from mamba_align.backends.jax.ops import spec
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
 from mamba_align.kernels import gdn as kgdn
@@ -142,8 +143,8 @@ def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqle
     args = (seqlens_case(n, fault), np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)[:, None],
             np.zeros(n, np.int64))
     plan = kgdn.plan_gated_delta_rule(
-        *(spec_of(a) for a in (pool, new_errors(), q, k, v, gates["g"], gates["beta"])),
-        *(spec_of(a) for a in args), layer=1, scale=0.0, use_qk_l2norm=False, layout="VK")
+        *(spec("a", a) for a in (pool, new_errors(), q, k, v, gates["g"], gates["beta"])),
+        *(spec("a", a) for a in args), layer=1, scale=0.0, use_qk_l2norm=False, layout="VK")
     assert plan.constexprs["SEQ_WIDTH"] == 16
     o, out, err = backend.gdn(pool, q, k, v, gates, *args, layer=1)
     ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, *args, layer=1)
