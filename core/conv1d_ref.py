@@ -7,9 +7,11 @@ Rows are variable-length (``cu_seqlens``); each has a read block and an offset i
 token a candidate) or not (one candidate, at the end). A row the kernel cannot trust (a
 block outside ``[-1, NB)``, an offset outside ``[0, W-K+1]`` where it reads, a spec row
 longer than ``W-K+2`` tokens) is a faulty row: it gets ``y = 0``, writes nothing, and its
-fault bits come back in ``fault``. ``cu_seqlens`` that decrease or leave ``[0, T_total]``
-anywhere make every row faulty (``BAD_CU_SEQLENS``, ``y`` not written). A row's read block
-must not be another row's write block (the kernels do not order rows).
+fault bits come back in ``fault``. A row whose own ``cu_seqlens`` entries run backwards or
+leave ``[0, T_total]`` is faulty too (``BAD_CU_SEQLENS``; its ``y`` is not written: its
+tokens are unknown). A row's read block must not be another row's write block, nor may
+good rows share tokens (the kernels do not order rows: such outputs are unspecified; here
+the later row wins).
 """
 
 from __future__ import annotations

@@ -86,11 +86,13 @@ def new_errors() -> np.ndarray:
 
 
 def seqlen_faults(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
-    """``BAD_CU_SEQLENS`` on every row (int64 ``[N]``) if any row's range is not inside
-    ``[0, num_tokens]`` or runs backwards: rows could then overlap, so none is trusted."""
+    """``BAD_CU_SEQLENS`` on each row (int64 ``[N]``) whose own range ``[cu[r], cu[r+1])``
+    is not inside ``[0, num_tokens]`` or runs backwards; 0 on the other rows. A row checks
+    only its own two entries: where a bad entry makes good rows overlap, their outputs on
+    the shared tokens are unspecified (docs/semantics.md §4)."""
     cu = np.asarray(cu_seqlens, np.int64)
-    bad = ((cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)).any()
-    return np.full(len(cu) - 1, int(Fault.BAD_CU_SEQLENS) if bad else 0, np.int64)
+    bad = (cu[:-1] < 0) | (cu[1:] < cu[:-1]) | (cu[1:] > num_tokens)
+    return np.where(bad, int(Fault.BAD_CU_SEQLENS), 0).astype(np.int64)
 
 
 def flag_of(fault) -> np.ndarray:

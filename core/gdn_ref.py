@@ -6,9 +6,11 @@ Rows are variable-length (``cu_seqlens``); each has a read block (its initial st
 zero), write blocks ``[1 + S]`` and is a spec row (the state after token ``j + 1`` goes to
 write block ``j``) or not (the final state to write block 0). A row the kernel cannot trust
 (a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S`` tokens) is a faulty
-row: ``o = 0``, nothing written, its fault bits returned; bad ``cu_seqlens`` anywhere make
-every row faulty (``BAD_CU_SEQLENS``). A row's read block must not be another row's write
-block (the kernels do not order rows).
+row: ``o = 0``, nothing written, its fault bits returned. A row whose own ``cu_seqlens``
+entries run backwards or leave ``[0, T_total]`` is faulty too (``BAD_CU_SEQLENS``; its
+``o`` is not written: its tokens are unknown). A row's read block must not be another row's
+write block, nor may good rows share tokens (the kernels do not order rows: such outputs
+are unspecified; here the later row wins).
 """
 
 from __future__ import annotations

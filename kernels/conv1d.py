@@ -26,12 +26,11 @@ from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output,
                    check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
                    pool_scalars)
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned_base,
-                   flag_row, seqlens_fault)
+                   flag_row, range_fault)
 
 MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program at most (see conv_tile)
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
-MAX_SEQ_WIDTH = 512  # rows of cu_seqlens per trip of the launch's check, at most
 NUM_WARPS = 4
 
 
@@ -150,7 +149,6 @@ def conv1d_update_kernel(
     read_offset_ptr,
     write_block_ptr,
     is_spec_ptr,
-    num_rows,
     num_tiles,  # channel tiles per row
     num_tokens,  # T_total
     layer_offset,  # layer * layer_stride
@@ -171,7 +169,6 @@ def conv1d_update_kernel(
     BLOCK_T: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
-    SEQ_WIDTH: tl.constexpr,  # rows of cu_seqlens checked in the check's first trip
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // num_tiles
@@ -183,7 +180,7 @@ def conv1d_update_kernel(
     wb = tl.load(write_block_ptr + row).to(tl.int64)
     spec = tl.load(is_spec_ptr + row) != 0
     n = t1 - t0
-    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, SEQ_WIDTH)
+    fault = range_fault(t0, t1, num_tokens)
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | (wb < -1) | (wb >= num_blocks),
                       BAD_BLOCK, 0)
     fault |= tl.where((rb >= 0) & ((off < 0) | (off > WIDTH - K + 1)), BAD_OFFSET, 0)
@@ -278,15 +275,6 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> i
     return min(cap, next_pow2(max(dim, 16)))
 
 
-def seq_width(num_rows: int) -> int:
-    """Rows of ``cu_seqlens`` per trip of the launch-wide check (``rows.seqlens_fault``):
-    the batch as a power of two, at least 16 and at most :data:`MAX_SEQ_WIDTH`, so that a
-    batch up to that size is checked in one trip of straight-line loads (measured in
-    benchmarks/README.md). The check's answer does not depend on it: no bits change. Each
-    width is its own compiled kernel (six at most)."""
-    return min(MAX_SEQ_WIDTH, next_pow2(max(16, num_rows)))
-
-
 def token_tile(num_tokens: int, num_rows: int) -> int:
     """Tokens per tile: the mean row length, as a power of two, at most :data:`MAX_BLOCK_T`
     (1 in a decode batch). Each output is its own sum of the taps in order, so the tile
@@ -336,7 +324,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         grid=(max(1, rows * tiles),),
         inputs=("pool", "errors", "x", "weight", "bias", "cu_seqlens", "read_block",
                 "read_offset", "write_block", "is_spec"),
-        scalars=(("num_rows", rows), ("num_tiles", tiles), ("num_tokens", x.shape[0]),
+        scalars=(("num_tiles", tiles), ("num_tokens", x.shape[0]),
                  ("layer_offset", layer * scal["layer_stride"]),
                  ("block_stride", scal["block_stride"]), ("num_blocks", scal["num_blocks"]),
                  ("x_stride", x.strides[0]), ("w_stride", weight.strides[0])),
@@ -346,7 +334,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
-                    "SILU": activation == "silu", "SEQ_WIDTH": seq_width(rows)},
+                    "SILU": activation == "silu"},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
@@ -372,8 +360,9 @@ CONV1D_UPDATE = Op(
     ``"none"``. Returns ``y`` ``[T_total, D]`` in ``x``'s dtype; arithmetic in fp32.
 
     A row with a block outside ``[-1, NB)``, a read offset outside ``[0, W - K + 1]``, a
-    spec row of more than ``W - K + 2`` tokens, or ``cu_seqlens`` entries outside
-    ``[0, T_total]`` or decreasing, is skipped: ``y = 0`` on its tokens (none written where
-    ``cu_seqlens`` is bad), no window stored, its fault ORed into ``errors`` (int32 ``[2]``,
-    ``[bits, lowest faulty row]``, in place). Tokens outside every row are not written.""",
+    spec row of more than ``W - K + 2`` tokens, or its own two ``cu_seqlens`` entries
+    outside ``[0, T_total]`` or decreasing, is skipped: ``y = 0`` on its tokens (none
+    written where its entries are bad), no window stored, its fault ORed into ``errors``
+    (int32 ``[2]``, ``[bits, lowest faulty row]``, in place). Tokens outside every row are
+    not written; tokens two good rows share (a bad entry between them) are unspecified.""",
 )

@@ -20,7 +20,7 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
                    next_pow2, pool_scalars)
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, aligned_base, flag_row, seqlens_fault
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, aligned_base, flag_row, range_fault
 
 STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
@@ -29,9 +29,6 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
-#: rows of cu_seqlens a program checks per trip: 128 as before (a trip sized to the batch,
-#: as the conv update's, is untried on this one-warp kernel under its register cap)
-SEQ_WIDTH = 128
 
 
 @triton.jit
@@ -47,7 +44,6 @@ def _gdn(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -78,7 +74,6 @@ def _gdn(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    SEQ_WIDTH: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
@@ -128,7 +123,7 @@ def _gdn(
     ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
     gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
 
-    fault = seqlens_fault(cu_seqlens_ptr, num_rows, num_tokens, SEQ_WIDTH)
+    fault = range_fault(t0, t1, num_tokens)
     bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
     fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
     fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
@@ -194,7 +189,6 @@ def gated_delta_rule_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -224,14 +218,13 @@ def gated_delta_rule_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    SEQ_WIDTH: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, SEQ_WIDTH)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
 
 
 @same_binary_jit
@@ -249,7 +242,6 @@ def gated_delta_rule_fused_gates_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_rows,
     num_heads,  # HV
     num_tiles,  # value tiles per head
     group,  # HV // H
@@ -279,14 +271,13 @@ def gated_delta_rule_fused_gates_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    SEQ_WIDTH: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_rows, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, SEQ_WIDTH)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -342,7 +333,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),
-        scalars=(("num_rows", rows), ("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
+        scalars=(("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
                  ("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
                  ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
                  ("gate_stride", gate_a.strides[0]), ("wb_stride", write_blocks.strides[0]),
@@ -355,8 +346,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
-                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "SEQ_WIDTH": SEQ_WIDTH},
+                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2])},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
@@ -402,10 +392,11 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ``[T_total, HV, V]`` in ``q``'s dtype; state arithmetic in fp32.
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
-    tokens, or ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is skipped:
-    ``o = 0`` on its tokens (none written where ``cu_seqlens`` is bad), no state stored,
-    its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every row are
-    not written."""
+    tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is
+    skipped: ``o = 0`` on its tokens (none written where its entries are bad), no state
+    stored, its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every
+    row are not written; tokens two good rows share (a bad entry between them) are
+    unspecified."""
 
 GATED_DELTA_RULE = Op(
     name="gated_delta_rule",

@@ -126,26 +126,11 @@ def flag_row(errors_ptr, row, fault):
 
 
 @triton.jit
-def seqlens_fault(cu_ptr, num_rows, num_tokens, WIDTH: tl.constexpr):
-    """``BAD_CU_SEQLENS`` if ``cu_seqlens`` (``num_rows + 1`` entries) is not
-    non-decreasing within ``[0, num_tokens]`` anywhere: rows would then overlap, so every
-    program of the launch sees the same answer (one pass over the entries). The first
-    ``WIDTH`` rows' entries are checked in straight-line code (a batch up to ``WIDTH`` rows
-    takes no loop trip), any further rows ``WIDTH`` per loop trip."""
-    bad = _seqlens_bad(cu_ptr, 0, num_rows, num_tokens, WIDTH)
-    for start in range(WIDTH, num_rows, WIDTH):
-        bad = bad | _seqlens_bad(cu_ptr, start, num_rows, num_tokens, WIDTH)
-    return tl.where(tl.max(bad, axis=0) > 0, BAD_CU_SEQLENS, 0)
-
-
-@triton.jit
-def _seqlens_bad(cu_ptr, start, num_rows, num_tokens, WIDTH: tl.constexpr):
-    """Per row ``start + [0, WIDTH)``: 1 where its entries are out of order or range."""
-    i = start + tl.arange(0, WIDTH).to(tl.int64)
-    m = i < num_rows
-    lo = tl.load(cu_ptr + i, mask=m, other=0).to(tl.int64)
-    hi = tl.load(cu_ptr + i + 1, mask=m, other=0).to(tl.int64)
-    return (m & ((lo < 0) | (hi < lo) | (hi > num_tokens))).to(tl.int32)
+def range_fault(t0, t1, num_tokens):
+    """``BAD_CU_SEQLENS`` where a row's own token range ``[t0, t1)`` (its two ``cu_seqlens``
+    entries) runs backwards or leaves ``[0, num_tokens]``; a row reads no other row's
+    entries (docs/semantics.md §4: good rows that overlap give unspecified outputs there)."""
+    return tl.where((t0 < 0) | (t1 < t0) | (t1 > num_tokens), BAD_CU_SEQLENS, 0)
 
 
 @triton.jit

@@ -74,20 +74,3 @@ def device_backend(request):
     from support import make_backend
 
     return make_backend(request.param)
-
-
-@pytest.fixture
-def narrow_seqlens_check(monkeypatch):
-    """The recurrences check 16 rows of ``cu_seqlens`` per trip (their plans rebuilt), so
-    that a batch of a few dozen rows takes the check's loop past its first trip."""
-    from mamba_align.kernels import conv1d, gdn
-
-    plans = (conv1d.plan_conv1d_update, gdn.plan_gated_delta_rule,
-             gdn.plan_gated_delta_rule_fused_gates)
-    monkeypatch.setattr(conv1d, "MAX_SEQ_WIDTH", 16)
-    monkeypatch.setattr(gdn, "SEQ_WIDTH", 16)
-    for plan in plans:
-        plan.cache_clear()
-    yield
-    for plan in plans:  # (before monkeypatch restores the widths: no plan is built between)
-        plan.cache_clear()

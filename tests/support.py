@@ -384,20 +384,36 @@ def blocks_of(bt, num_blocks=None) -> int:
     return int(num_blocks) if num_blocks is not None else int(max(np.max(bt, initial=0), 0)) + 1
 
 
-# faults for a batch of 40 rows checked 16 per trip (the narrow_seqlens_check fixture):
-# none; a row out of order in the first trip, at its last row, at the loop's first row, in
-# the last (partial) trip, the last row; the last entry past T_total
-SEQLENS_FAULTS = [None, 3, 15, 16, 37, 39, "end"]
+# bad cu_seqlens entries in a batch of 40 one-token rows (cu = 0, 1, ..., 40, T_total =
+# 40), each as (entries changed, the rows that read a bad pair, worked out by hand): a row
+# reads only its own two entries (docs/semantics.md §4)
+SEQLENS_CASES = [
+    ({}, []),
+    ({4: 2}, [3]),  # row 3 runs backwards; row 4 then covers tokens 2-4 (row 2's too)
+    ({16: 14}, [15]),
+    ({17: 15}, [16]),
+    ({40: 38}, [39]),  # the last row
+    ({40: 41}, [39]),  # the last entry past T_total
+    ({0: -1}, [0]),  # the first entry below 0
+    ({10: 50, 11: 50}, [9, 10, 11]),  # rows 9 and 10 end past T_total, row 11 runs back
+]
 
 
-def seqlens_case(n: int, fault):
-    """``cu_seqlens`` of ``n`` one-token rows with ``fault`` (see SEQLENS_FAULTS)."""
+def seqlens_case(n: int, changed: Dict[int, int]) -> np.ndarray:
+    """``cu_seqlens`` of ``n`` one-token rows with the entries ``changed``."""
     cu = np.arange(n + 1)
-    if fault == "end":
-        cu[n] = n + 1
-    elif fault is not None:
-        cu[fault + 1] = cu[fault] - 1  # row `fault` runs backwards
+    for i, value in changed.items():
+        cu[i] = value
     return cu
+
+
+def sole_tokens(cu, good, num_tokens: int) -> np.ndarray:
+    """The tokens exactly one ``good`` row covers (bool ``[num_tokens]``): elsewhere a
+    launch's output is unwritten or unspecified (two good rows share it)."""
+    count = np.zeros(num_tokens, np.int64)
+    for r in np.flatnonzero(good):
+        count[max(cu[r], 0):min(cu[r + 1], num_tokens)] += 1
+    return count == 1
 
 
 def make_backend(name: str, **kw) -> Backend:

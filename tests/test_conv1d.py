@@ -6,9 +6,8 @@ JAX run the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import SEQLENS_FAULTS, make_backend, seqlens_case
+from support import SEQLENS_CASES, make_backend, seqlens_case, sole_tokens
 
-from mamba_align.backends.jax.ops import spec
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
 from mamba_align.kernels import conv1d as kconv
@@ -184,42 +183,27 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     assert (np.delete(out[1], 6, axis=0) == pool[1][np.arange(NB) != 6]).all()
 
 
-@pytest.mark.parametrize("cu", [[0, 3, 2, 3], [0, 2, 9, 9], [-1, 2, 3, 3], [0, 3, 1, 3]])
-def test_bad_cu_seqlens_fault_every_row(backend, cu):
-    # the last case: rows 0 and 2 overlap although neither runs backwards
-    rng = np.random.default_rng(5)
-    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
-    _, out, err = backend.conv1d_update(pool, x[:3], w, cb, cu, [1, 2, 1], [0, 0, 0],
-                                        [3, 4, 5], [0, 0, 0], layer=0, layout="SD")
-    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
-    np.testing.assert_array_equal(out, pool)
-
-
-@pytest.mark.parametrize("fault", SEQLENS_FAULTS)
-def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqlens_check,
-                                                           fault):
-    # 40 one-token rows, 16 per trip: the first trip covers rows 0-15, the loop 16-39
+@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
     n = 40
     rng = np.random.default_rng(11)
     pool = rng.normal(size=(L, 2 * n + 1, W, 16)).astype(np.float32)
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((n, 16), (16, K), (16,)))
-    ids = np.arange(1, n + 1), np.ones(n, np.int64), np.arange(n + 1, 2 * n + 1)
-    args = (seqlens_case(n, fault),) + ids + (np.zeros(n, np.int64),)
-    plan = kconv.plan_conv1d_update(*(spec("a", a) for a in (pool, new_errors(), x, w, cb)),
-                                    *(spec("a", a) for a in args), layer=1, layout="SD",
-                                    activation="silu")
-    assert plan.constexprs["SEQ_WIDTH"] == 16
+    cu = seqlens_case(n, changed)
+    wb = np.arange(n + 1, 2 * n + 1)
+    args = (cu, np.arange(1, n + 1), np.ones(n, np.int64), wb, np.zeros(n, np.int64))
     y, out, err = backend.conv1d_update(pool, x, w, cb, *args, layer=1, layout="SD")
     ry, rout, rerr = make_backend("reference").conv1d_update(pool, x, w, cb, *args, layer=1,
                                                              layout="SD")
+    assert err.tolist() == ([int(Fault.BAD_CU_SEQLENS), bad[0]] if bad else [0, NO_ROW])
     assert err.tolist() == rerr.tolist()
+    # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
     np.testing.assert_array_equal(out, rout)
-    if fault is None:
-        assert err.tolist() == [0, NO_ROW]
-        close(y, ry, np.float32)
-    else:
-        assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
-        np.testing.assert_array_equal(out, pool)
+    np.testing.assert_array_equal(out[1, wb[bad]], pool[1, wb[bad]])
+    good = np.isin(np.arange(n), bad, invert=True)
+    assert (out[1, wb[good], :K - 1] != pool[1, wb[good], :K - 1]).all()
+    sole = sole_tokens(cu, good, n)
+    close(y[sole], ry[sole], np.float32)
 
 
 def test_rows_without_tokens_still_flag_bad_ids(backend):

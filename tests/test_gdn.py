@@ -6,12 +6,10 @@ the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import SEQLENS_FAULTS, make_backend, seqlens_case
+from support import SEQLENS_CASES, make_backend, seqlens_case, sole_tokens
 
-from mamba_align.backends.jax.ops import spec
 from mamba_align.core import Fault, new_errors
 from mamba_align.core.faults import NO_ROW
-from mamba_align.kernels import gdn as kgdn
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -119,43 +117,28 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
-@pytest.mark.parametrize("cu", [[0, 3, 2, 3], [0, 3, 1, 3], [0, 0, 9, 9]])
-def test_bad_cu_seqlens_fault_every_row(backend, cu):
-    rng = np.random.default_rng(8)
-    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
-    sl = {n: x[:3] for n, x in gates.items()}
-    _, out, err = backend.gdn(pool, q[:3], k[:3], v[:3], sl, cu, [1, 2, 3], WBS[:3], [0, 0, 0],
-                              layer=1)
-    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
-    np.testing.assert_array_equal(out, pool)
-
-
-@pytest.mark.parametrize("fault", SEQLENS_FAULTS)
-def test_the_seqlens_check_covers_rows_past_its_first_trip(backend, narrow_seqlens_check,
-                                                           fault):
-    # 40 one-token rows, 16 per trip: the first trip covers rows 0-15, the loop 16-39
+@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
     n = 40
     rng = np.random.default_rng(12)
     pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 1, 8, 8))).astype(np.float32)
     q, k, v = (rng.normal(size=(n, 1, 8)).astype(np.float32) for _ in range(3))
     gates = {"g": -rng.uniform(0.01, 1, (n, 1)).astype(np.float32),
              "beta": rng.uniform(0, 1, (n, 1)).astype(np.float32)}
-    args = (seqlens_case(n, fault), np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)[:, None],
-            np.zeros(n, np.int64))
-    plan = kgdn.plan_gated_delta_rule(
-        *(spec("a", a) for a in (pool, new_errors(), q, k, v, gates["g"], gates["beta"])),
-        *(spec("a", a) for a in args), layer=1, scale=0.0, use_qk_l2norm=False, layout="VK")
-    assert plan.constexprs["SEQ_WIDTH"] == 16
+    cu = seqlens_case(n, changed)
+    wb = np.arange(n + 1, 2 * n + 1)
+    args = (cu, np.arange(1, n + 1), wb[:, None], np.zeros(n, np.int64))
     o, out, err = backend.gdn(pool, q, k, v, gates, *args, layer=1)
     ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, *args, layer=1)
+    assert err.tolist() == ([int(Fault.BAD_CU_SEQLENS), bad[0]] if bad else [0, NO_ROW])
     assert err.tolist() == rerr.tolist()
-    if fault is None:
-        assert err.tolist() == [0, NO_ROW]
-        close(o, ro, 1e-5)
-        close(out, rout, 1e-5)
-    else:
-        assert err.tolist() == [int(Fault.BAD_CU_SEQLENS), 0]
-        np.testing.assert_array_equal(out, pool)
+    # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
+    close(out, rout, 1e-5)
+    np.testing.assert_array_equal(out[1, wb[bad]], pool[1, wb[bad]])
+    good = np.isin(np.arange(n), bad, invert=True)
+    assert (out[1, wb[good]] != pool[1, wb[good]]).any(axis=(1, 2, 3)).all()
+    sole = sole_tokens(cu, good, n)
+    close(o[sole], ro[sole], 1e-5)
 
 
 def test_rows_without_tokens_still_flag_bad_ids(backend):
