@@ -9,9 +9,9 @@ block outside ``[-1, NB)``, an offset outside ``[0, W-K+1]`` where it reads, a s
 longer than ``W-K+2`` tokens) is a faulty row: it gets ``y = 0``, writes nothing, and its
 fault bits come back in ``fault``. A row whose own ``cu_seqlens`` entries run backwards or
 leave ``[0, T_total]`` is faulty too (``BAD_CU_SEQLENS``; its ``y`` is not written: its
-tokens are unknown). A row's read block must not be another row's write block, nor may
-good rows share tokens (the kernels do not order rows: such outputs are unspecified; here
-the later row wins).
+tokens are unknown). A row's read block must not be another row's write block (the
+kernels do not order rows). Outputs on tokens that two rows share (possible only when a
+row is ``BAD_CU_SEQLENS``) are unspecified; here the last good row's win.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ write block ``j``) or not (the final state to write block 0). A row the kernel c
 row: ``o = 0``, nothing written, its fault bits returned. A row whose own ``cu_seqlens``
 entries run backwards or leave ``[0, T_total]`` is faulty too (``BAD_CU_SEQLENS``; its
 ``o`` is not written: its tokens are unknown). A row's read block must not be another row's
-write block, nor may good rows share tokens (the kernels do not order rows: such outputs
-are unspecified; here the later row wins).
+write block (the kernels do not order rows). Outputs on tokens that two rows share
+(possible only when a row is ``BAD_CU_SEQLENS``) are unspecified; here the last good
+row's win.
 """
 
 from __future__ import annotations

@@ -364,5 +364,6 @@ CONV1D_UPDATE = Op(
     outside ``[0, T_total]`` or decreasing, is skipped: ``y = 0`` on its tokens (none
     written where its entries are bad), no window stored, its fault ORed into ``errors``
     (int32 ``[2]``, ``[bits, lowest faulty row]``, in place). Tokens outside every row are
-    not written; tokens two good rows share (a bad entry between them) are unspecified.""",
+    not written; tokens two rows share (possible only when a row is
+    ``BAD_CU_SEQLENS``) are unspecified.""",
 )

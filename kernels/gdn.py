@@ -395,8 +395,8 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is
     skipped: ``o = 0`` on its tokens (none written where its entries are bad), no state
     stored, its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every
-    row are not written; tokens two good rows share (a bad entry between them) are
-    unspecified."""
+    row are not written; tokens two rows share (possible only when a row is
+    ``BAD_CU_SEQLENS``) are unspecified."""
 
 GATED_DELTA_RULE = Op(
     name="gated_delta_rule",

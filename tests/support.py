@@ -395,6 +395,8 @@ SEQLENS_CASES = [
     ({40: 38}, [39]),  # the last row
     ({40: 41}, [39]),  # the last entry past T_total
     ({0: -1}, [0]),  # the first entry below 0
+    ({0: -1, 1: 0}, [0]),  # a one-token row from -1 (row 1 then covers tokens 0-1)
+    ({39: 40, 40: 41}, [39]),  # a one-token row from T_total (row 38 covers 38-39)
     ({10: 50, 11: 50}, [9, 10, 11]),  # rows 9 and 10 end past T_total, row 11 runs back
 ]
 

@@ -183,18 +183,25 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     assert (np.delete(out[1], 6, axis=0) == pool[1][np.arange(NB) != 6]).all()
 
 
-@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
-def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
-    n = 40
+def seqlens_launch(backend, cu, spec):
+    """40 one-token rows (blocks 1-40 read at offset 1, 41-80 written) on ``cu``, by
+    ``backend`` and by the reference: ``(pool, write blocks, (y, out, err), reference's)``."""
+    n = len(cu) - 1
     rng = np.random.default_rng(11)
     pool = rng.normal(size=(L, 2 * n + 1, W, 16)).astype(np.float32)
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((n, 16), (16, K), (16,)))
-    cu = seqlens_case(n, changed)
     wb = np.arange(n + 1, 2 * n + 1)
-    args = (cu, np.arange(1, n + 1), np.ones(n, np.int64), wb, np.zeros(n, np.int64))
-    y, out, err = backend.conv1d_update(pool, x, w, cb, *args, layer=1, layout="SD")
-    ry, rout, rerr = make_backend("reference").conv1d_update(pool, x, w, cb, *args, layer=1,
-                                                             layout="SD")
+    args = (cu, np.arange(1, n + 1), np.ones(n, np.int64), wb, np.full(n, spec))
+    got, ref = (b.conv1d_update(pool, x, w, cb, *args, layer=1, layout="SD")
+                for b in (backend, make_backend("reference")))
+    return pool, wb, got, ref
+
+
+@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
+    n = 40
+    cu = seqlens_case(n, changed)
+    pool, wb, (y, out, err), (ry, rout, rerr) = seqlens_launch(backend, cu, 0)
     assert err.tolist() == ([int(Fault.BAD_CU_SEQLENS), bad[0]] if bad else [0, NO_ROW])
     assert err.tolist() == rerr.tolist()
     # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
@@ -204,6 +211,17 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
     assert (out[1, wb[good], :K - 1] != pool[1, wb[good], :K - 1]).all()
     sole = sole_tokens(cu, good, n)
     close(y[sole], ry[sole], np.float32)
+
+
+def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend):
+    # rows 9 and 10 end past T_total, row 11 runs backwards; row 9 (41 tokens) is also a
+    # spec row longer than its window
+    cu = seqlens_case(40, {10: 50, 11: 50})
+    pool, wb, (y, out, err), (ry, rout, rerr) = seqlens_launch(backend, cu, 1)
+    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS | Fault.BAD_QUERY_LEN), 9]
+    assert err.tolist() == rerr.tolist()
+    np.testing.assert_array_equal(out, rout)
+    np.testing.assert_array_equal(out[1, wb[9:12]], pool[1, wb[9:12]])
 
 
 def test_rows_without_tokens_still_flag_bad_ids(backend):

@@ -117,19 +117,27 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
-@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
-def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
-    n = 40
+def seqlens_launch(backend, cu, spec):
+    """40 one-token rows (blocks 1-40 read, 41-80 written, a window of one) on ``cu``, by
+    ``backend`` and by the reference: ``(pool, write blocks, (o, out, err), reference's)``."""
+    n = len(cu) - 1
     rng = np.random.default_rng(12)
     pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 1, 8, 8))).astype(np.float32)
     q, k, v = (rng.normal(size=(n, 1, 8)).astype(np.float32) for _ in range(3))
     gates = {"g": -rng.uniform(0.01, 1, (n, 1)).astype(np.float32),
              "beta": rng.uniform(0, 1, (n, 1)).astype(np.float32)}
-    cu = seqlens_case(n, changed)
     wb = np.arange(n + 1, 2 * n + 1)
-    args = (cu, np.arange(1, n + 1), wb[:, None], np.zeros(n, np.int64))
-    o, out, err = backend.gdn(pool, q, k, v, gates, *args, layer=1)
-    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, *args, layer=1)
+    args = (cu, np.arange(1, n + 1), wb[:, None], np.full(n, spec))
+    got, ref = (b.gdn(pool, q, k, v, gates, *args, layer=1)
+                for b in (backend, make_backend("reference")))
+    return pool, wb, got, ref
+
+
+@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
+    n = 40
+    cu = seqlens_case(n, changed)
+    pool, wb, (o, out, err), (ro, rout, rerr) = seqlens_launch(backend, cu, 0)
     assert err.tolist() == ([int(Fault.BAD_CU_SEQLENS), bad[0]] if bad else [0, NO_ROW])
     assert err.tolist() == rerr.tolist()
     # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
@@ -139,6 +147,17 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
     assert (out[1, wb[good]] != pool[1, wb[good]]).any(axis=(1, 2, 3)).all()
     sole = sole_tokens(cu, good, n)
     close(o[sole], ro[sole], 1e-5)
+
+
+def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend):
+    # rows 9 and 10 end past T_total, row 11 runs backwards; row 9 (41 tokens) is also a
+    # spec row longer than its window
+    cu = seqlens_case(40, {10: 50, 11: 50})
+    pool, wb, (o, out, err), (ro, rout, rerr) = seqlens_launch(backend, cu, 1)
+    assert err.tolist() == [int(Fault.BAD_CU_SEQLENS | Fault.BAD_QUERY_LEN), 9]
+    assert err.tolist() == rerr.tolist()
+    close(out, rout, 1e-5)
+    np.testing.assert_array_equal(out[1, wb[9:12]], pool[1, wb[9:12]])
 
 
 def test_rows_without_tokens_still_flag_bad_ids(backend):
