@@ -222,6 +222,8 @@ def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend):
     assert err.tolist() == rerr.tolist()
     np.testing.assert_array_equal(out, rout)
     np.testing.assert_array_equal(out[1, wb[9:12]], pool[1, wb[9:12]])
+    sole = sole_tokens(cu, np.isin(np.arange(40), [9, 10, 11], invert=True), 40)
+    close(y[sole], ry[sole], np.float32)
 
 
 def test_rows_without_tokens_still_flag_bad_ids(backend):
