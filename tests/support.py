@@ -31,6 +31,7 @@ from mamba_align.core import (
     resolve_blocks,
 )
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
+from mamba_align.core.faults import NO_ROW
 from mamba_align.core import dense_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
 from copy_oracles import copy_plan  # noqa: E402  (tests/ is on sys.path)
@@ -407,6 +408,28 @@ def seqlens_case(n: int, changed: Dict[int, int]) -> np.ndarray:
     for i, value in changed.items():
         cu[i] = value
     return cu
+
+
+def check_seqlens_launch(cu, bad, bits: int, pool, wb, got, ref, state_tol: float,
+                         out_tol: float) -> np.ndarray:
+    """What a recurrence's launch on one-token rows with bad ``cu_seqlens`` entries must
+    give (``got``, against the reference's ``ref``: ``(outputs, pool, errors)``; ``wb``
+    each row's write block in layer 1): the flag ``[bits, lowest bad row]``, the bad rows'
+    blocks untouched, every good row's block written and the pool as the reference's
+    (within ``state_tol``; 0: bit for bit), the outputs on the tokens one good row covers
+    (within ``out_tol``). Returns which rows are good."""
+    (y, out, err), (ry, rout, rerr) = got, ref
+    n = len(cu) - 1
+    assert err.tolist() == ([bits, bad[0]] if bad else [0, NO_ROW])
+    assert err.tolist() == rerr.tolist()
+    # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
+    np.testing.assert_allclose(out, rout, rtol=state_tol, atol=state_tol)
+    np.testing.assert_array_equal(out[1, wb[bad]], pool[1, wb[bad]])
+    good = np.isin(np.arange(n), bad, invert=True)
+    assert (out[1, wb[good]] != pool[1, wb[good]]).reshape(good.sum(), -1).any(axis=1).all()
+    sole = sole_tokens(cu, good, n)
+    np.testing.assert_allclose(y[sole], ry[sole], rtol=out_tol, atol=out_tol)
+    return good
 
 
 def sole_tokens(cu, good, num_tokens: int) -> np.ndarray:
