@@ -69,6 +69,24 @@ def _row_at(ptr, pos, d, WIDTH: tl.constexpr, DIM: tl.constexpr,
 
 
 @triton.jit
+def _stream_in(ptr, pos, d, mask, WIDTH: tl.constexpr, DIM: tl.constexpr,
+               LAYOUT_DS: tl.constexpr):
+    """Row ``pos`` of the window at ``ptr``, read once in a step: hinted to leave the cache
+    first (benchmarks/README.md, "Streaming hints")."""
+    return tl.load(_row_at(ptr, pos, d, WIDTH, DIM, LAYOUT_DS), mask=mask, other=0,
+                   eviction_policy="evict_first")
+
+
+@triton.jit
+def _stream_out(ptr, pos, d, value, mask, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                LAYOUT_DS: tl.constexpr):
+    """Store row ``pos`` of the window at ``ptr``, not read again in the step: a streaming
+    store."""
+    tl.store(_row_at(ptr, pos, d, WIDTH, DIM, LAYOUT_DS), value, mask=mask,
+             cache_modifier=".cs")
+
+
+@triton.jit
 def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
                WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
@@ -83,13 +101,13 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     pos = tl.where(has_hist, off, 0).to(tl.int32)
     rp = pool_ptr + rbase
     # the window's values as loaded (stored back as they are: a bit copy), fp32 for the sum
-    h0 = tl.load(_row_at(rp, pos, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
+    h0 = _stream_in(rp, pos, d, hm, WIDTH, DIM, LAYOUT_DS)
     h1 = h0
     h2 = h0
     if K > 2:
-        h1 = tl.load(_row_at(rp, pos + 1, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
+        h1 = _stream_in(rp, pos + 1, d, hm, WIDTH, DIM, LAYOUT_DS)
     if K > 3:
-        h2 = tl.load(_row_at(rp, pos + 2, d, WIDTH, DIM, LAYOUT_DS), mask=hm, other=0)
+        h2 = _stream_in(rp, pos + 2, d, hm, WIDTH, DIM, LAYOUT_DS)
     x_row = t0 * x_stride
     if X_ALIGN > 1:
         x_row = tl.multiple_of(x_row, X_ALIGN)
@@ -125,14 +143,14 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
         out = pool_ptr + wbase
         dt = pool_ptr.dtype.element_ty
         if K == 2:
-            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+            _stream_out(out, 0, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
         else:
-            tl.store(_row_at(out, 0, d, WIDTH, DIM, LAYOUT_DS), h1, mask=wm)
+            _stream_out(out, 0, d, h1, wm, WIDTH, DIM, LAYOUT_DS)
             if K == 3:
-                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+                _stream_out(out, 1, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
             else:
-                tl.store(_row_at(out, 1, d, WIDTH, DIM, LAYOUT_DS), h2, mask=wm)
-                tl.store(_row_at(out, 2, d, WIDTH, DIM, LAYOUT_DS), xv.to(dt), mask=wm)
+                _stream_out(out, 1, d, h2, wm, WIDTH, DIM, LAYOUT_DS)
+                _stream_out(out, 2, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
     elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
         tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)
 

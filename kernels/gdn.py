@@ -29,6 +29,10 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
+#: below this many rows the state is loaded and stored with streaming cache hints, which
+#: help a small batch and cost a large one (benchmarks/README.md, "Streaming hints"); a
+#: hint changes no arithmetic, so a row's bits do not depend on the batch
+STREAM_BELOW = 16
 
 
 @triton.jit
@@ -74,6 +78,7 @@ def _gdn(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
@@ -106,7 +111,8 @@ def _gdn(
     # checks add no round trip: every address is in bounds whatever the ids (the masks),
     # and nothing is stored unless the row is clean.
     h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
-                mask=hmask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
+                mask=hmask & (rb >= 0) & (rb < num_blocks), other=0,
+                eviction_policy="evict_first" if STREAM else "").to(tl.float32)
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
@@ -170,7 +176,8 @@ def _gdn(
             wj = tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
             if spec | (j == n - 1):
                 tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + h_offs,
-                         h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0))
+                         h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0),
+                         cache_modifier=".cs" if STREAM else "")
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
 
@@ -218,13 +225,14 @@ def gated_delta_rule_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM)
 
 
 @same_binary_jit
@@ -271,13 +279,14 @@ def gated_delta_rule_fused_gates_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -346,7 +355,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
-                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2])},
+                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
+                    "STREAM": rows < STREAM_BELOW},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

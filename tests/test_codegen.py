@@ -128,21 +128,29 @@ import mamba_align.kernels as K
 from mamba_align.kernels.codegen import compile_ptx
 
 spec = K.ArraySpec.row_major
-B, S = 64, 3
-ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
+S = 3
 bf = "bfloat16"
-plans = {
-    "gdn": K.plan_gated_delta_rule_fused_gates(
+
+
+def gdn(B):
+    ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
+    return K.plan_gated_delta_rule_fused_gates(
         spec((2, 9, 32, 128, 128), "float32"), spec((2,), "int32"), spec((B, 16, 128), bf),
         spec((B, 16, 128), bf), spec((B, 32, 128), bf), spec((B, 32), bf), spec((B, 32), bf),
         spec((32,), "float32"), spec((32,), "float32"), cu, ids, spec((B, 1 + S), "int32"),
-        ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK"),
-    "conv": K.plan_conv1d_update(  # a spec step: 1 + S tokens per row (256 channels a program)
-        spec((2, 9, 6, 8192), bf), spec((2,), "int32"), spec(((1 + S) * B, 8192), bf),
+        ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK")
+
+
+def conv(B, T):
+    ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
+    return K.plan_conv1d_update(
+        spec((2, 9, 6, 8192), bf), spec((2,), "int32"), spec((T * B, 8192), bf),
         spec((8192, 4), bf), spec((8192,), bf), cu, ids, ids, ids, ids, layer=1, layout="SD",
-        activation="silu"),
-}
-types = {"gdn": {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32"}, "conv": {}}
+        activation="silu")
+
+
+# a spec step of the conv: 1 + S tokens per row (256 channels a program)
+plans = {"gdn": gdn(64), "gdn_small": gdn(1), "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
 out = {}
 for name, plan in plans.items():
     names = plan.kernel.arg_names
@@ -151,8 +159,8 @@ for name, plan in plans.items():
         if not n.endswith("_ptr"):
             return "fp32" if n == "scale" else "i32"
         stem = n[:-4].replace("_in", "")
-        if stem in types[name]:
-            return types[name][stem]
+        if name.startswith("gdn") and stem in ("pool", "A_log", "dt_bias"):
+            return "*fp32"
         return "*i32" if stem in ("errors", "cu_seqlens", "read_block", "write_blocks",
                                   "read_offset", "write_block", "is_spec") else "*bf16"
     # pointers 16-byte aligned, integers unmarked: what jax-triton tells the compiler
@@ -164,13 +172,18 @@ print(json.dumps(out))
 """
 
 
-def test_recurrent_kernels_access_the_state_in_16_byte_vectors():
+@pytest.fixture(scope="module")
+def recurrent_accesses():
+    return compiled(RECURRENT_SCRIPT, "recurrent")
+
+
+def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesses):
     """The gated delta rule's state and the conv's SD window compile to 16-byte accesses
     (sm_90, no GPU needed) although no integer argument is marked aligned: each kernel
     states the alignment its plan derived. Without it the GDN state was read and written
     4 bytes at a time and held the addresses in registers (157 per thread; 3.5 instead of
     3.96 TB/s at decode, benchmarks/README.md)."""
-    acc = compiled(RECURRENT_SCRIPT, "recurrent")
+    acc = recurrent_accesses
     gdn = acc["gdn"]
     # the fp32 state's [8, 128] tile in one warp: 8 loads and 8 stores of 16 bytes per
     # thread, no 4-byte store (the int32 ids and the bf16 q/k/v/o account for the rest)
@@ -182,3 +195,17 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors():
     # update has none
     from mamba_align.kernels.gdn import REGISTER_CAP
     assert gdn["maxnreg"] == [str(REGISTER_CAP)] and conv["maxnreg"] == [], (gdn, conv)
+
+
+def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
+    """The gated delta rule's state is loaded ``evict_first`` and stored ``.cs`` below
+    ``STREAM_BELOW`` rows and plainly from there; the conv update's one-token path always
+    streams its window (benchmarks/README.md, "Streaming hints")."""
+    acc = recurrent_accesses
+
+    def hinted(name):
+        return ({k for k in acc[name] if k.startswith("ld.") and "evict_first" in k},
+                {k for k in acc[name] if k.startswith("st.") and ".cs" in k})
+
+    assert all(hinted("gdn_small")) and all(hinted("conv_decode")), acc
+    assert hinted("gdn") == (set(), set()), acc["gdn"]

@@ -9,6 +9,7 @@ import pytest
 from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
 
 from mamba_align.core import Fault, new_errors
+from mamba_align.kernels.gdn import STREAM_BELOW
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -83,9 +84,14 @@ def test_torch_and_jax_give_the_same_bits():
 
 
 def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
+    """Row 2 alone, and in a batch padded with empty rows to ``STREAM_BELOW`` rows (a
+    small batch streams its state with cache hints, a large one does not)."""
     rng = np.random.default_rng(3)
     pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
-    o, out, _ = device_backend.gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, layer=1)
+    pad = STREAM_BELOW - len(RB)
+    o, out, _ = device_backend.gdn(pool, q, k, v, gates, np.r_[CU, [CU[-1]] * pad],
+                                   np.r_[RB, [-1] * pad], np.r_[WBS, [[-1] * 3] * pad],
+                                   np.r_[SPEC, [0] * pad], layer=1)
     t0, t1 = CU[2], CU[3]
     o1, out1, _ = device_backend.gdn(pool, q[t0:t1], k[t0:t1], v[t0:t1],
                                      {n: x[t0:t1] for n, x in gates.items()}, [0, t1 - t0],
