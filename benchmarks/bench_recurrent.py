@@ -205,12 +205,13 @@ def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> Non
     # while capturing: the jitted call holds the launch alone (and what XLA adds to it)
     groups = {"gdn": [(J(rb), J(wbs)) for rb, wbs, _ in c.sets],
               "conv": [(J(rb), J(wb)) for rb, wb in c.csets]}
-    gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu)]
-    conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu)]
-    spec, off = J(c.is_spec), J(c.off)
+    # every array an argument: XLA would fold a uniform array the function closed over
+    # (is_spec, the read offsets) into a broadcast kernel run on every call
+    gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, c.is_spec)]
+    conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu, c.off, c.is_spec)]
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def gdn(carry, group, q, k, v, a, b, A_log, dt_bias, cu):  # noqa: N803
+    def gdn(carry, group, q, k, v, a, b, A_log, dt_bias, cu, spec):  # noqa: N803
         p, e = carry
         out = jops.gated_delta_rule_fused_gates(p, e, q, k, v, a, b, A_log, dt_bias, cu,
                                                 group[0], group[1], spec, layer=1,
@@ -218,7 +219,7 @@ def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> Non
         return (out["pool"], out["errors"]), out["o"]
 
     @functools.partial(jax.jit, donate_argnums=(0,))
-    def conv(carry, group, x, w, cb, cu):
+    def conv(carry, group, x, w, cb, cu, off, spec):
         p, e = carry
         out = jops.conv1d_update(p, e, x, w, cb, cu, group[0], off, group[1], spec, layer=1,
                                  layout="DS")
