@@ -208,4 +208,8 @@ def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
                 {k for k in acc[name] if k.startswith("st.") and ".cs" in k})
 
     assert all(hinted("gdn_small")) and all(hinted("conv_decode")), acc
+    # the hinted state accesses stay 16 bytes wide
+    small = acc["gdn_small"]
+    assert small.get("ld.global.L1::evict_first.L2::cache_hint.v4.b32", 0) >= 8, small
+    assert small.get("st.global.cs.v4.b32", 0) >= 8, small
     assert hinted("gdn") == (set(), set()), acc["gdn"]
