@@ -90,7 +90,7 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
     pad = STREAM_BELOW - len(RB)
     o, out, _ = device_backend.gdn(pool, q, k, v, gates, np.r_[CU, [CU[-1]] * pad],
-                                   np.r_[RB, [-1] * pad], np.r_[WBS, [[-1] * 3] * pad],
+                                   np.r_[RB, [-1] * pad], np.r_[WBS, np.full((pad, WBS.shape[1]), -1)],
                                    np.r_[SPEC, [0] * pad], layer=1)
     t0, t1 = CU[2], CU[3]
     o1, out1, _ = device_backend.gdn(pool, q[t0:t1], k[t0:t1], v[t0:t1],
