@@ -89,9 +89,9 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     rng = np.random.default_rng(3)
     pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
     pad = STREAM_BELOW - len(RB)
+    wbs = np.r_[WBS, np.full((pad, WBS.shape[1]), -1)]
     o, out, _ = device_backend.gdn(pool, q, k, v, gates, np.r_[CU, [CU[-1]] * pad],
-                                   np.r_[RB, [-1] * pad], np.r_[WBS, np.full((pad, WBS.shape[1]), -1)],
-                                   np.r_[SPEC, [0] * pad], layer=1)
+                                   np.r_[RB, [-1] * pad], wbs, np.r_[SPEC, [0] * pad], layer=1)
     t0, t1 = CU[2], CU[3]
     o1, out1, _ = device_backend.gdn(pool, q[t0:t1], k[t0:t1], v[t0:t1],
                                      {n: x[t0:t1] for n, x in gates.items()}, [0, t1 - t0],
