@@ -23,8 +23,8 @@ from .bookkeeping import check_errors
 from .copy import check_layout, pool_align
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
-                   check_array, check_layer, check_pool, check_seqlens, io_align, next_pow2,
-                   pool_scalars)
+                   check_array, check_layer, check_pool, check_seqlens, dtype_bits, io_align,
+                   next_pow2, pool_scalars)
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned_base,
                    flag_row, range_fault)
 
@@ -87,10 +87,17 @@ def _stream_out(ptr, pos, d, value, mask, WIDTH: tl.constexpr, DIM: tl.constexpr
 
 
 @triton.jit
+def _tap(word, k: tl.constexpr, dtype: tl.constexpr):
+    """Tap ``k`` of a channel's packed 2-byte taps (``word``, uint64, tap 0 in the low
+    bytes), exactly, in fp32."""
+    return ((word >> (16 * k)) & 0xFFFF).to(tl.uint16).to(dtype, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
                WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
-               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr):
+               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr):
     """A row of one token (``K <= 4``): ``full = h0, .., h[K-2], x``; the same sum as the
     tiled path (the taps in order, then the bias), each input loaded once and held, and the
     new window ``full[1:]`` stored from registers. A lane stores only the channels it
@@ -112,15 +119,24 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     if X_ALIGN > 1:
         x_row = tl.multiple_of(x_row, X_ALIGN)
     xv = tl.load(x_ptr + x_row + d, mask=dm & (t0 >= 0) & (t0 < num_tokens), other=0)
-    wp = weight_ptr + d.to(tl.int64) * w_stride
-    w0 = tl.load(wp, mask=dm, other=0).to(tl.float32)
-    w1 = tl.load(wp + 1, mask=dm, other=0).to(tl.float32)
-    w2 = w1
-    w3 = w1
-    if K > 2:
-        w2 = tl.load(wp + 2, mask=dm, other=0).to(tl.float32)
-    if K > 3:
-        w3 = tl.load(wp + 3, mask=dm, other=0).to(tl.float32)
+    if W_PACKED:  # a channel's taps are one 8-byte word: one load instead of K
+        word = tl.load(weight_ptr.to(tl.pointer_type(tl.uint64), bitcast=True) + d, mask=dm,
+                       other=0)
+        wt = weight_ptr.dtype.element_ty
+        w0 = _tap(word, 0, wt)
+        w1 = _tap(word, 1, wt)
+        w2 = _tap(word, 2, wt)
+        w3 = _tap(word, 3, wt)
+    else:
+        wp = weight_ptr + d.to(tl.int64) * w_stride
+        w0 = tl.load(wp, mask=dm, other=0).to(tl.float32)
+        w1 = tl.load(wp + 1, mask=dm, other=0).to(tl.float32)
+        w2 = w1
+        w3 = w1
+        if K > 2:
+            w2 = tl.load(wp + 2, mask=dm, other=0).to(tl.float32)
+        if K > 3:
+            w3 = tl.load(wp + 3, mask=dm, other=0).to(tl.float32)
     cb = tl.load(bias_ptr + d, mask=dm, other=0).to(tl.float32)
     y_at = y_ptr + t0 * DIM + d
     if fault == 0:
@@ -187,6 +203,7 @@ def conv1d_update_kernel(
     BLOCK_T: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
+    W_PACKED: tl.constexpr,  # weight: 2-byte taps, rows of 4 (8 bytes, aligned: words)
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // num_tiles
@@ -219,7 +236,7 @@ def conv1d_update_kernel(
                    num_tokens, x_stride, w_stride, fault,
                    aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
                    (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
-                   X_ALIGN, LAYOUT_DS, SILU)
+                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED)
     else:
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
@@ -352,7 +369,8 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
-                    "SILU": activation == "silu"},
+                    "SILU": activation == "silu",
+                    "W_PACKED": weight.strides[0] == 4 and dtype_bits(weight.dtype) == 16},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

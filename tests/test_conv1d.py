@@ -147,12 +147,22 @@ def test_a_block_past_32_bit_offsets_is_refused():
                                  ids, layer=0, layout="SD", activation="silu")
 
 
-def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_backend):
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_backend, dtype):
     # the first output of a 2-token row (the tiled path) and a 1-token row with the same
-    # history and token (the one-token path): the same sum in the same order
+    # history and token (the one-token path): the same sum in the same order; 2-byte taps
+    # in rows of 4 reach the one-token path as one packed word each (W_PACKED), the tiled
+    # path loads them one by one: the unpacking is exact
+    spec = kconv.ArraySpec.row_major
+    ids, dt = spec((2,), "int64"), np.dtype(dtype).name
+    plan = kconv.plan_conv1d_update(spec((L, NB, W, 40), dt), spec((2,), "int32"),
+                                    spec((3, 40), dt), spec((40, K), dt), spec((40,), dt),
+                                    spec((3,), "int64"), ids, ids, ids, ids, layer=1,
+                                    layout="SD", activation="silu")
+    assert plan.constexprs["W_PACKED"] == (dtype != np.float32)
     rng = np.random.default_rng(8)
     for layout in ("SD", "DS"):
-        pool, x, w, cb = inputs(rng, 40, np.float32, layout)
+        pool, x, w, cb = inputs(rng, 40, dtype, layout)
         x = np.concatenate([x[:2], x[:1]])
         y, _, err = device_backend.conv1d_update(pool, x, w, cb, [0, 2, 3], [3, 3], [1, 1],
                                                  [4, 5], [0, 0], layer=1, layout=layout)
