@@ -29,7 +29,8 @@ from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned
                    flag_row, range_fault)
 
 MAX_BLOCK_T = 16  # tokens per tile at most
-MAX_TILE_D = 256  # channels per program at most (see conv_tile)
+MAX_TILE_D = 256  # channels per program (see conv_tile)
+DECODE_TILE_SD = 512  # channels per program in an SD decode batch with packed taps
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 NUM_WARPS = 4
 
@@ -298,15 +299,24 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
         tl.store(wp + w_offs, new, mask=keep)
 
 
-def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD") -> int:
-    """Channels per program: up to :data:`MAX_TILE_D` from :data:`SMALL_BATCH` rows on;
-    half that in a smaller batch (lower latency where the GPU is not full) and in a "DS"
-    decode batch (at most one token per row on average: a one-token row's window is three
-    strided 2-byte reads and three writes per channel there, and more, shorter programs
-    keep more of them in flight; measured in benchmarks/README.md). Every output is its own
-    sum of the taps in order, so the tile changes no bits."""
-    full = num_rows >= SMALL_BATCH and (layout == "SD" or num_tokens > num_rows)
-    cap = MAX_TILE_D if full else max(16, MAX_TILE_D // 2)
+def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
+              packed_taps: bool = False) -> int:
+    """Channels per program (``NUM_WARPS`` warps) from what the batch needs
+    (benchmarks/README.md, "Conv tiles" and "Packed taps"): from :data:`SMALL_BATCH` rows
+    on, :data:`MAX_TILE_D`, or :data:`DECODE_TILE_SD` for an SD decode batch (at most one
+    token per row on average) whose taps load as packed words (``packed_taps``: four
+    channels a lane, 8-byte window accesses); half of ``MAX_TILE_D`` in a smaller batch
+    (lower latency where the GPU is not full) and in a DS decode batch (a one-token row's
+    window is three strided 2-byte reads and three writes per channel there, and more,
+    shorter programs keep more of them in flight). Every output is its own sum of the taps
+    in order, so the tile changes no bits."""
+    decode = num_tokens <= num_rows
+    if num_rows < SMALL_BATCH or (decode and layout == "DS"):
+        cap = max(16, MAX_TILE_D // 2)
+    elif decode and packed_taps:
+        cap = DECODE_TILE_SD
+    else:
+        cap = MAX_TILE_D
     return min(cap, next_pow2(max(dim, 16)))
 
 
@@ -352,7 +362,8 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     ("write_block", write_block)):
         check_array(name, a, (rows,))
     check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
-    tile = conv_tile(dim, rows, x.shape[0], layout)
+    packed = weight.strides[0] == 4 and dtype_bits(weight.dtype) == 16
+    tile = conv_tile(dim, rows, x.shape[0], layout, packed)
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,
@@ -370,7 +381,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
-                    "W_PACKED": weight.strides[0] == 4 and dtype_bits(weight.dtype) == 16},
+                    "W_PACKED": packed},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

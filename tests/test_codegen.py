@@ -191,6 +191,8 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
     assert "st.global.b32" not in gdn, gdn
     conv = acc["conv"]
     assert conv.get("ld.global.v4.b32", 0) >= 1 and "st.global.b16" not in conv, conv
+    # the one-token path's bf16 taps: a packed 8-byte word per channel, two in one load
+    assert acc["conv_decode"].get("ld.global.v2.b64", 0) >= 1, acc["conv_decode"]
     # the gated delta rule's register cap reaches the PTX the launchers compile; the conv
     # update has none
     from mamba_align.kernels.gdn import REGISTER_CAP

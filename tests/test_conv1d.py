@@ -89,20 +89,24 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, WB[3]], out[1, WB[3]])
 
 
-@pytest.mark.parametrize("layout", ["SD", "DS"])
-def test_the_tiles_change_no_bits(device_backend, layout):
-    # a batch of SMALL_BATCH rows gets twice the channels per program of a row alone, and a
-    # mean of 3 tokens per row a smaller token tile than the 20-token row alone: same bits
+@pytest.mark.parametrize("layout,first,dtype", [("SD", 20, np.float32), ("DS", 20, np.float32),
+                                                ("SD", 1, ml_dtypes.bfloat16)])
+def test_the_tiles_change_no_bits(device_backend, layout, first, dtype):
+    # a batch of SMALL_BATCH rows gets more channels per program than a row alone (twice
+    # as many; four times in an SD decode batch with packed bf16 taps), and a mean of 3
+    # tokens per row a smaller token tile than the 20-token row alone: same bits
     rng = np.random.default_rng(5)
     n, D = kconv.SMALL_BATCH, 300
-    assert kconv.conv_tile(D, n, n + 19, layout) != kconv.conv_tile(D, 1, 20, layout)
-    cu = np.concatenate([[0, 20], 20 + np.arange(1, n)])
+    packed = dtype != np.float32
+    assert kconv.conv_tile(D, n, n + first - 1, layout, packed) != \
+        kconv.conv_tile(D, 1, first, layout, packed)
+    cu = np.concatenate([[0, first], first + np.arange(1, n)])
     rb, wb = np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)
     off, spec = np.ones(n, np.int64), np.zeros(n, np.int64)
-    pool = rng.normal(size=(L, 2 * n + 1, W, D)).astype(np.float32)
+    pool = rng.normal(size=(L, 2 * n + 1, W, D)).astype(dtype)
     if layout == "DS":
         pool = np.ascontiguousarray(pool.swapaxes(2, 3))
-    x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((cu[-1], D), (D, K), (D,)))
+    x, w, cb = (rng.normal(size=s).astype(dtype) for s in ((cu[-1], D), (D, K), (D,)))
     y, out, _ = device_backend.conv1d_update(pool, x, w, cb, cu, rb, off, wb, spec, layer=1,
                                              layout=layout)
     for r in (0, 5):
