@@ -204,7 +204,7 @@ def conv1d_update_kernel(
     BLOCK_T: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
-    W_PACKED: tl.constexpr,  # weight: 2-byte taps, rows of 4 (8 bytes, aligned: words)
+    W_PACKED: tl.constexpr,  # weight: four 2-byte taps in rows of 4 (aligned 8-byte words)
 ):
     pid = tl.program_id(0).to(tl.int64)
     row = pid // num_tiles
@@ -304,8 +304,9 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     """Channels per program (``NUM_WARPS`` warps) from what the batch needs
     (benchmarks/README.md, "Conv tiles" and "Packed taps"): from :data:`SMALL_BATCH` rows
     on, :data:`MAX_TILE_D`, or :data:`DECODE_TILE_SD` for an SD decode batch (at most one
-    token per row on average) whose taps load as packed words (``packed_taps``: four
-    channels a lane, 8-byte window accesses); half of ``MAX_TILE_D`` in a smaller batch
+    token per row on average) whose taps load as packed words and whose window is 2-byte
+    (``packed_taps``, the case measured: four channels a lane, 8-byte window accesses);
+    half of ``MAX_TILE_D`` in a smaller batch
     (lower latency where the GPU is not full) and in a DS decode batch (a one-token row's
     window is three strided 2-byte reads and three writes per channel there, and more,
     shorter programs keep more of them in flight). Every output is its own sum of the taps
@@ -362,8 +363,10 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     ("write_block", write_block)):
         check_array(name, a, (rows,))
     check_array("is_spec", is_spec, (rows,), FLAG_DTYPES)
-    packed = weight.strides[0] == 4 and dtype_bits(weight.dtype) == 16
-    tile = conv_tile(dim, rows, x.shape[0], layout, packed)
+    # four 2-byte taps a channel in rows of 4 (any row stride for one channel): one word
+    packed = (ksize == 4 and dtype_bits(weight.dtype) == 16
+              and (weight.strides[0] == 4 or dim == 1))
+    tile = conv_tile(dim, rows, x.shape[0], layout, packed and dtype_bits(pool.dtype) == 16)
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,

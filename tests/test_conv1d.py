@@ -92,14 +92,17 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
 @pytest.mark.parametrize("layout,first,dtype", [("SD", 20, np.float32), ("DS", 20, np.float32),
                                                 ("SD", 1, ml_dtypes.bfloat16)])
 def test_the_tiles_change_no_bits(device_backend, layout, first, dtype):
-    # a batch of SMALL_BATCH rows gets more channels per program than a row alone (twice
-    # as many; four times in an SD decode batch with packed bf16 taps), and a mean of 3
-    # tokens per row a smaller token tile than the 20-token row alone: same bits
+    # a batch of SMALL_BATCH rows gets more channels per program than a row alone: twice
+    # as many, or DECODE_TILE_SD in an SD decode batch with packed bf16 taps (first = 1);
+    # with first = 20, a mean of 3 tokens per row also takes a smaller token tile than the
+    # 20-token row alone: same bits
     rng = np.random.default_rng(5)
     n, D = kconv.SMALL_BATCH, 300
-    packed = dtype != np.float32
-    assert kconv.conv_tile(D, n, n + first - 1, layout, packed) != \
-        kconv.conv_tile(D, 1, first, layout, packed)
+    batch, alone = (conv_plan(layout, np.dtype(dtype).name, D, rows, tokens)
+                    for rows, tokens in ((n, n + first - 1), (1, first)))
+    assert batch.constexprs["W_PACKED"] == (dtype != np.float32)
+    want = kconv.DECODE_TILE_SD if first == 1 else 2 * alone.constexprs["TILE_D"]
+    assert batch.constexprs["TILE_D"] == want
     cu = np.concatenate([[0, first], first + np.arange(1, n)])
     rb, wb = np.arange(1, n + 1), np.arange(n + 1, 2 * n + 1)
     off, spec = np.ones(n, np.int64), np.zeros(n, np.int64)
@@ -116,6 +119,35 @@ def test_the_tiles_change_no_bits(device_backend, layout, first, dtype):
                                                    spec[r:r + 1], layer=1, layout=layout)
         np.testing.assert_array_equal(y1, y[t0:t1])
         np.testing.assert_array_equal(out1[1, wb[r]], out[1, wb[r]])
+
+
+def conv_plan(layout, dtype, D, rows, tokens, weight=None, pool_dtype=None):
+    """The plan of a launch on row-major arrays (``weight``: an ArraySpec of the taps)."""
+    spec = kconv.ArraySpec.row_major
+    ids = spec((rows,), "int64")
+    block = (W, D) if layout == "SD" else (D, W)
+    return kconv.plan_conv1d_update(spec((L, NB) + block, pool_dtype or dtype),
+                                    spec((2,), "int32"), spec((tokens, D), dtype),
+                                    weight or spec((D, K), dtype), spec((D,), dtype),
+                                    spec((rows + 1,), "int64"), ids, ids, ids, ids, layer=1,
+                                    layout=layout, activation="silu")
+
+
+def test_taps_are_packed_only_as_four_2_byte_taps_in_rows_of_4():
+    # a K = 3 view of a [D, 4] weight (rows of 4, but the last row's word would run past
+    # its storage), a row stride of 8, fp32 taps: one by one; one channel: any stride
+    cases = [((300, 4), "bfloat16", (4, 1), True), ((300, 4), "float16", (4, 1), True),
+             ((300, 3), "bfloat16", (4, 1), False), ((300, 4), "bfloat16", (8, 1), False),
+             ((300, 4), "float32", (4, 1), False), ((1, 4), "bfloat16", (1, 1), True)]
+    for shape, dtype, strides, packed in cases:
+        weight = kconv.ArraySpec(shape, dtype, strides)
+        plan = conv_plan("SD", "bfloat16", shape[0], 16, 16, weight=weight)
+        assert plan.constexprs["W_PACKED"] == packed, weight
+    # the wide decode tile was measured with a 2-byte window: an fp32 pool keeps the default
+    wide = conv_plan("SD", "bfloat16", 300, 16, 16).constexprs["TILE_D"]
+    fp32_pool = conv_plan("SD", "bfloat16", 300, 16, 16, pool_dtype="float32").constexprs
+    assert wide == kconv.DECODE_TILE_SD and fp32_pool["TILE_D"] == kconv.MAX_TILE_D
+    assert fp32_pool["W_PACKED"]
 
 
 @pytest.mark.parametrize("layout", ["SD", "DS"])
@@ -157,12 +189,7 @@ def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_back
     # history and token (the one-token path): the same sum in the same order; 2-byte taps
     # in rows of 4 reach the one-token path as one packed word each (W_PACKED), the tiled
     # path loads them one by one: the unpacking is exact
-    spec = kconv.ArraySpec.row_major
-    ids, dt = spec((2,), "int64"), np.dtype(dtype).name
-    plan = kconv.plan_conv1d_update(spec((L, NB, W, 40), dt), spec((2,), "int32"),
-                                    spec((3, 40), dt), spec((40, K), dt), spec((40,), dt),
-                                    spec((3,), "int64"), ids, ids, ids, ids, layer=1,
-                                    layout="SD", activation="silu")
+    plan = conv_plan("SD", np.dtype(dtype).name, 40, 2, 3)
     assert plan.constexprs["W_PACKED"] == (dtype != np.float32)
     rng = np.random.default_rng(8)
     for layout in ("SD", "DS"):
