@@ -29,8 +29,8 @@ from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned
                    flag_row, range_fault)
 
 MAX_BLOCK_T = 16  # tokens per tile at most
-MAX_TILE_D = 256  # channels per program (see conv_tile)
-DECODE_TILE_SD = 512  # channels per program in an SD decode batch with packed taps
+MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
+DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 NUM_WARPS = 4
 
@@ -306,11 +306,11 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     on, :data:`MAX_TILE_D`, or :data:`DECODE_TILE_SD` for an SD decode batch (at most one
     token per row on average) whose taps load as packed words and whose window is 2-byte
     (``packed_taps``, the case measured: four channels a lane, 8-byte window accesses);
-    half of ``MAX_TILE_D`` in a smaller batch
-    (lower latency where the GPU is not full) and in a DS decode batch (a one-token row's
-    window is three strided 2-byte reads and three writes per channel there, and more,
-    shorter programs keep more of them in flight). Every output is its own sum of the taps
-    in order, so the tile changes no bits."""
+    half of ``MAX_TILE_D`` in a smaller batch (lower latency where the GPU is not full)
+    and in a DS decode batch (a one-token row's window is three strided 2-byte reads and
+    three writes per channel there, and more, shorter programs keep more of them in
+    flight). Every output is its own sum of the taps in order, so the tile changes no
+    bits."""
     decode = num_tokens <= num_rows
     if num_rows < SMALL_BATCH or (decode and layout == "DS"):
         cap = max(16, MAX_TILE_D // 2)
