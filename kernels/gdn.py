@@ -48,9 +48,6 @@ def _gdn(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_heads,  # HV
-    num_tiles,  # value tiles per head
-    group,  # HV // H
     num_tokens,
     qk_stride_t,
     qk_stride_h,
@@ -79,20 +76,26 @@ def _gdn(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,  # HV // H
 ):
+    # the head counts are constants, so the program id splits with shifts, not divisions
+    # that would delay the first loads
+    num_heads: tl.constexpr = HV
+    num_tiles: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
     row = pid // (num_heads * num_tiles)
     i_hv = (pid // num_tiles) % num_heads
     i_v = pid % num_tiles
-    i_h = i_hv // group
+    i_h = i_hv // GROUP
     t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
     t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
     n = t1 - t0
     rb = tl.load(read_block_ptr + row).to(tl.int64)
     spec = tl.load(is_spec_ptr + row) != 0
     jw = tl.arange(0, WIN_PAD)
-    used = (jw < WIN) & (jw < tl.where(spec, n, 1))
-    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=used, other=-1).to(tl.int64)
+    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=jw < WIN, other=-1).to(tl.int64)
+    wb = tl.where(jw < tl.where(spec, n, 1), wb, -1)  # the blocks the row writes
 
     kk = tl.arange(0, BK).to(tl.int64)
     vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
@@ -196,9 +199,6 @@ def gated_delta_rule_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_heads,  # HV
-    num_tiles,  # value tiles per head
-    group,  # HV // H
     num_tokens,
     qk_stride_t,
     qk_stride_h,
@@ -226,13 +226,15 @@ def gated_delta_rule_kernel(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, HV, GROUP)
 
 
 @same_binary_jit
@@ -250,9 +252,6 @@ def gated_delta_rule_fused_gates_kernel(
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
     is_spec_ptr,
-    num_heads,  # HV
-    num_tiles,  # value tiles per head
-    group,  # HV // H
     num_tokens,
     qk_stride_t,
     qk_stride_h,
@@ -280,13 +279,15 @@ def gated_delta_rule_fused_gates_kernel(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,
 ):
     _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
-         is_spec_ptr, num_heads, num_tiles, group, num_tokens, qk_stride_t,
+         is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, HV, GROUP)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -342,7 +343,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),
-        scalars=(("num_heads", HV), ("num_tiles", tiles), ("group", HV // H), ("num_tokens", T),
+        scalars=(("num_tokens", T),
                  ("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
                  ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
                  ("gate_stride", gate_a.strides[0]), ("wb_stride", write_blocks.strides[0]),
@@ -356,7 +357,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
                     "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "STREAM": rows < STREAM_BELOW},
+                    "STREAM": rows < STREAM_BELOW, "HV": HV, "GROUP": HV // H},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -201,16 +201,21 @@ def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_back
         np.testing.assert_array_equal(y[2], y[0])
 
 
-def test_faulty_rows_are_flagged_and_write_nothing(backend):
+@pytest.mark.parametrize("pad", [0, kconv.FLAG_LAST_BELOW])
+def test_faulty_rows_are_flagged_and_write_nothing(backend, pad):
+    # pad: clean rows without tokens after the five, so that the rows post their faults
+    # after their work (a small batch) or before it (FLAG_LAST: the same flags either way)
     rng = np.random.default_rng(4)
     pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
     pool[:] = SENTINEL
     pool[1, 1:6] = rng.normal(size=(5, W, 16))
-    cu = np.array([0, 1, 2, 6, 7, 8])
+    cu = np.array([0, 1, 2, 6, 7, 8] + [8] * pad)
     # a read block past NB; an offset past W - K + 1; a spec row of 4 > W - K + 2 tokens; a
     # write block below -1; a good row
-    rb, off = np.array([NB, 1, 2, 3, 4]), np.array([0, S + 1, 0, 0, 0])
-    wb, spec = np.array([5, 5, 5, -2, 6]), np.array([0, 0, 1, 0, 0])
+    rb, off = np.array([NB, 1, 2, 3, 4] + [-1] * pad), np.array([0, S + 1, 0, 0, 0] + [0] * pad)
+    wb, spec = np.array([5, 5, 5, -2, 6] + [-1] * pad), np.array([0, 0, 1, 0, 0] + [0] * pad)
+    rows = len(rb)
+    assert conv_plan("SD", "float32", 16, rows, 8).constexprs["FLAG_LAST"] == (pad == 0)
     y, out, err = backend.conv1d_update(pool, x[:8], w, cb, cu, rb, off, wb, spec, layer=1,
                                         layout="SD")
     ry, rout, rerr = make_backend("reference").conv1d_update(pool, x[:8], w, cb, cu, rb, off,

@@ -1,0 +1,86 @@
+"""One-off A/B probe: the recurrent kernels of whatever ``mamba_align`` is first on
+``PYTHONPATH`` (an earlier version for a same-session comparison: ``--label``), timed on
+``bench_recurrent.py``'s cases with fla alone in the same process.
+
+Rows: the gated delta rule at decode (B = 1, 16, 64, 256) and spec (B = 64); the conv
+update at decode on the DS and SD pools (B = 1, 16, 64, 256); fla's fused recurrent gated
+delta rule and conv update alone. Every output is checked against the float64 reference
+first. Each row is timed ``--repeat`` times under CUDA-graph replay (cold blocks, cycled);
+the record keeps every figure and their median.
+
+Usage::
+
+    python benchmarks/probe_prologue.py --out DIR [--label L] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from timing import bench_ms, free  # noqa: E402
+
+import torch  # noqa: E402
+
+from bench_recurrent import fla_rows  # noqa: E402
+from recurrent_cases import Case, check, fla_conv_calls, load_fla, shapes  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--label", default="current")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    s = shapes(False)
+    fla = load_fla()
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+
+    def timed(op, method, B, T, fn):
+        ms = [bench_ms(fn, True, graph=True) for _ in range(args.repeat)]
+        rows.append(dict(label=args.label, op=op, method=method, batch=B, tokens_per_row=T,
+                         us=[m * 1e3 for m in ms], median_us=statistics.median(ms) * 1e3))
+        print(json.dumps(rows[-1]), flush=True)
+
+    for T, spec, batches in ((1, False, (1, 16, 64, 256)), (4, True, (64,))):
+        for B in batches:
+            c = Case(s, B, T, spec, dev, gen)
+            o, y = c.gdn(), c.conv()
+            for row in sorted({0, B - 1}):
+                want_o, want_h = c.gdn_ref(row)
+                check(f"gdn B={B} row {row}", o[row * T:(row + 1) * T], want_o, 2e-2)
+                check(f"gdn state B={B} row {row}", c.pool[1, c.wbs[row, :want_h.shape[0]]],
+                      want_h, 2e-2)
+                check(f"conv B={B} row {row}", y[row * T:(row + 1) * T], c.conv_ref(row), 2e-2)
+            c.assert_clean(f"B={B}")
+            timed("gdn", "ours", B, T, c.timed(c.gdn))
+            if not spec:
+                timed("conv_ds", "ours", B, T, c.timed(c.conv))
+                c.i = 0
+                fused, _, conv_update = fla
+
+                def rec(op, method, B_, T_, fn, nbytes, note=""):  # fla alone only
+                    if method == "fla":
+                        timed(f"{op}_fla", "fla", B_, T_, fn)
+                fla_rows(s, c, (fused, None, conv_update), rec, "decode")
+                c.use_sd_pool()
+                yy = c.conv()
+                check(f"conv SD B={B}", yy[:T], c.conv_ref(0), 2e-2)
+                timed("conv_sd", "ours", B, T, c.timed(c.conv))
+            c.assert_clean(f"B={B}, timed")
+            del c
+            free(True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"probe_prologue_{args.label}_h200.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
