@@ -32,10 +32,11 @@ MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
 DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
-#: below this many rows a row posts its fault after its work: ptxas then issues the loads
-#: sooner (lower latency), but from this many on the 512-channel program would hold 98
-#: registers instead of 64 (benchmarks/README.md, "The rows' first loads")
-FLAG_LAST_BELOW = 64
+#: below this many rows the program is laid out for latency: its tile count is a constant
+#: (the program id splits with a shift) and a row posts its fault after its work, so ptxas
+#: issues the loads sooner; from this many rows on, the 512-channel program would then
+#: hold 98 registers instead of 64 (benchmarks/README.md, "The rows' first loads")
+LATENCY_BELOW = 64
 NUM_WARPS = 4
 
 
@@ -209,11 +210,16 @@ def conv1d_update_kernel(
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
     W_PACKED: tl.constexpr,  # weight: four 2-byte taps in rows of 4 (aligned 8-byte words)
-    FLAG_LAST: tl.constexpr,  # post the row's fault after its work, not before (conv_tile)
+    LATENCY: tl.constexpr,  # a small batch (LATENCY_BELOW)
 ):
     pid = tl.program_id(0).to(tl.int64)
-    row = pid // num_tiles
-    tile = pid % num_tiles
+    if LATENCY:
+        tiles: tl.constexpr = (DIM + TILE_D - 1) // TILE_D  # num_tiles
+        row = pid // tiles
+        tile = pid % tiles
+    else:
+        row = pid // num_tiles
+        tile = pid % num_tiles
     t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
     t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
     rb = tl.load(read_block_ptr + row).to(tl.int64)
@@ -226,7 +232,7 @@ def conv1d_update_kernel(
                       BAD_BLOCK, 0)
     fault |= tl.where((rb >= 0) & ((off < 0) | (off > WIDTH - K + 1)), BAD_OFFSET, 0)
     fault |= tl.where(spec & (n > WIDTH - K + 2), BAD_QUERY_LEN, 0)
-    if (tile == 0) & (not FLAG_LAST):
+    if (tile == 0) & (not LATENCY):
         flag_row(errors_ptr, row, fault)
     rbase = aligned_base(layer_offset, rb, block_stride, ALIGN)
     # reads stay inside the read block whatever the ids: the window is loaded before the
@@ -248,7 +254,7 @@ def conv1d_update_kernel(
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
                     wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
                     LAYOUT_DS, SILU)
-    if (tile == 0) & FLAG_LAST:
+    if (tile == 0) & LATENCY:  # last: its atomics would hold the loads above back
         flag_row(errors_ptr, row, fault)
 
 
@@ -391,7 +397,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
-                    "W_PACKED": packed, "FLAG_LAST": rows < FLAG_LAST_BELOW},
+                    "W_PACKED": packed, "LATENCY": rows < LATENCY_BELOW},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -215,3 +215,25 @@ def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
     assert small.get("ld.global.L1::evict_first.L2::cache_hint.v4.b32", 0) >= 8, small
     assert small.get("st.global.cs.v4.b32", 0) >= 8, small
     assert hinted("gdn") == (set(), set()), acc["gdn"]
+
+
+def load_order(*args: str):
+    """``benchmarks/sass_load_order.py``'s lines for a launch: ``(round trips, load)``."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sass_load_order.py")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    r = subprocess.run([sys.executable, script, *args], env=env, capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode:
+        pytest.fail(f"sass_load_order.py {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+    rows = [line.split(None, 5) for line in r.stdout.splitlines()[1:]]
+    return [(int(f[2]), f[5]) for f in rows]
+
+
+@pytest.mark.parametrize("rows", ["1", "64"])
+def test_the_state_waits_for_one_round_trip_only(rows):
+    # the read block id must be issued with the first loads: ptxas had put it behind the
+    # cu_seqlens round trip (benchmarks/README.md, "The rows' first loads")
+    loads = load_order("--rows", rows)
+    state = [d for d, text in loads if "LDG.E" in text and ".128" in text and "+0x200]" in text]
+    assert state and set(state) == {1}, loads
+    assert all(d == 0 for d, _ in loads[:3]), loads  # two cu_seqlens entries, a block id

@@ -201,10 +201,10 @@ def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_back
         np.testing.assert_array_equal(y[2], y[0])
 
 
-@pytest.mark.parametrize("pad", [0, kconv.FLAG_LAST_BELOW])
+@pytest.mark.parametrize("pad", [0, kconv.LATENCY_BELOW])
 def test_faulty_rows_are_flagged_and_write_nothing(backend, pad):
     # pad: clean rows without tokens after the five, so that the rows post their faults
-    # after their work (a small batch) or before it (FLAG_LAST: the same flags either way)
+    # after their work (a small batch: LATENCY) or before it: the same flags either way
     rng = np.random.default_rng(4)
     pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
     pool[:] = SENTINEL
@@ -215,7 +215,7 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend, pad):
     rb, off = np.array([NB, 1, 2, 3, 4] + [-1] * pad), np.array([0, S + 1, 0, 0, 0] + [0] * pad)
     wb, spec = np.array([5, 5, 5, -2, 6] + [-1] * pad), np.array([0, 0, 1, 0, 0] + [0] * pad)
     rows = len(rb)
-    assert conv_plan("SD", "float32", 16, rows, 8).constexprs["FLAG_LAST"] == (pad == 0)
+    assert conv_plan("SD", "float32", 16, rows, 8).constexprs["LATENCY"] == (pad == 0)
     y, out, err = backend.conv1d_update(pool, x[:8], w, cb, cu, rb, off, wb, spec, layer=1,
                                         layout="SD")
     ry, rout, rerr = make_backend("reference").conv1d_update(pool, x[:8], w, cb, cu, rb, off,
