@@ -79,8 +79,8 @@ def _gdn(
     HV: tl.constexpr,
     GROUP: tl.constexpr,  # HV // H
 ):
-    # the head counts are constants, so the program id splits with shifts, not divisions
-    # that would delay the first loads
+    # the head counts are constants: the program id splits without runtime divisions
+    # (shifts for powers of two), which held the first loads back
     num_heads: tl.constexpr = HV
     num_tiles: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)

@@ -122,6 +122,26 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
+def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
+    # the kernel loads a row's whole window of write blocks; the columns past what the row
+    # writes (a non-spec row's 1.., a spec row's n..) may hold any id: no fault, no write
+    rng = np.random.default_rng(6)
+    pool, q, k, v, gates = inputs(rng, 1, 1, 8, 8)
+    cu = np.array([0, 1, 2, 4])
+    rb = np.array([1, 2, 3])
+    wbs = np.array([[5, NB + 3, -9], [6, 7, NB], [8, 9, -5]])  # non-spec, spec of 1, of 2
+    spec = np.array([0, 1, 1])
+    sl = {n: x[:4] for n, x in gates.items()}
+    o, out, err = backend.gdn(pool, q[:4], k[:4], v[:4], sl, cu, rb, wbs, spec, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q[:4], k[:4], v[:4], sl, cu, rb, wbs,
+                                                   spec, layer=1)
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+    untouched = np.setdiff1d(np.arange(NB), [5, 6, 8, 9])
+    np.testing.assert_array_equal(out[1, untouched], pool[1, untouched])
+
+
 def seqlens_launch(backend, cu, spec):
     """40 one-token rows (blocks 1-40 read, 41-80 written, a window of one) on ``cu``, by
     ``backend`` and by the reference: ``(pool, write blocks, (o, out, err), reference's)``."""
