@@ -39,8 +39,9 @@ import mamba_align.kernels as K  # noqa: E402
 from mamba_align.kernels.codegen import compile_ptx  # noqa: E402
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-WIDE = {"64": 2, "128": 4}  # registers behind a .64 / .128 operand
-NO_DEST = ("ST", "RED", "ATOM", "BRA", "EXIT", "BAR", "MEMBAR", "ERRBAR", "CCTL")
+NO_DEST = ("ST", "RED.", "REDG", "BRA", "EXIT", "BAR", "MEMBAR", "ERRBAR", "CGAERRBAR",
+           "CCTL", "BSSY", "BSYNC", "WARPSYNC", "NOP", "YIELD", "CALL", "RET")
+TWO_DESTS = ("ISETP", "UISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "UPLOP3")
 
 
 def sass(code: str) -> str:
@@ -55,44 +56,48 @@ def sass(code: str) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
-def _registers(token: str, width: int = 1) -> List[str]:
-    token = token.lstrip("!")
-    m = re.fullmatch(r"(U?R)(\d+)(?:\.(64|128))?", token)
-    if m:
-        n = WIDE.get(m.group(3), width)
-        return [f"{m.group(1)}{int(m.group(2)) + i}" for i in range(n)]
-    return [token] if re.fullmatch(r"U?P\d", token) else []
+def _registers(operand: str, width: int = 1) -> List[str]:
+    """The registers an operand names: ``R4.64`` two, a predicate one, ``RZ`` / ``PT``
+    (constants), immediates and constant-bank operands none; a memory operand
+    ``desc[UR4][R2.64+0x8]`` the registers inside it."""
+    out = []
+    for m in re.finditer(r"!?\b(U?R)(\d+)(?:\.(64|128))?|!?\b(U?P)(\d)\b", operand):
+        if m.group(1):
+            n = {"64": 2, "128": 4}.get(m.group(3), width)
+            out += [f"{m.group(1)}{int(m.group(2)) + i}" for i in range(n)]
+        else:
+            out.append(f"{m.group(4)}{m.group(5)}")
+    return out
 
 
 def load_depths(code: str) -> List[Tuple[int, int, str]]:
     """``(instruction index, round trips waited behind, instruction)`` for every global
-    load before the first store."""
+    load before the first global store, in the order of the code (branches are not
+    followed: this is the fall-through path)."""
     ready: Dict[str, int] = {}
     issue, loads = 0, []
     for line in code.splitlines():
-        m = re.search(r"/\*([0-9a-f]{4})\*/\s+(.*?)\s*;", line)
+        m = re.search(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
         if not m:
             continue
         index, text = int(m.group(1), 16) // 16, m.group(2)
         pred = re.match(r"@(!?U?P\w+)\s+", text)
         body = text[pred.end():] if pred else text
         op, _, rest = body.partition(" ")
-        tokens = re.findall(r"!?U?R\d+(?:\.(?:64|128))?|!?U?P\d", rest)
-        width = 4 if ".128" in op else 2 if ".64" in op else 1
-        dests: List[str] = []
-        if tokens and not op.startswith(NO_DEST):
-            n_dest = 2 if op.startswith(("ISETP", "UISETP", "FSETP", "PLOP3")) else 1
-            for t in tokens[:n_dest]:
-                dests += _registers(t, width if op.startswith(("LDG", "LDC")) else 1)
-            tokens = tokens[n_dest:]
-        sources = [r for t in tokens for r in _registers(t)]
+        operands = [o.strip() for o in rest.split(",")] if rest.strip() else []
+        n_dest = (0 if op.startswith(NO_DEST) else 2 if op.startswith(TWO_DESTS)
+                  else 1 if operands else 0)
+        wide = 4 if ".128" in op else 2 if (".64" in op or ".WIDE" in op) else 1
+        dests = [r for o in operands[:n_dest] for r in _registers(o, wide)]
+        sources = [r for i, o in enumerate(operands[n_dest:], n_dest)
+                   for r in _registers(o, 2 if ".WIDE" in op and i == len(operands) - 1 else 1)]
         sources += _registers(pred.group(1)) if pred else []
         issue = max([issue] + [ready.get(r, 0) for r in sources])
         if op.startswith("LDG"):
             loads.append((index, issue, text))
         for r in dests:
             ready[r] = issue + 1 if op.startswith("LDG") else issue
-        if op.startswith("ST"):
+        if op.startswith("STG"):
             break
     return loads
 

@@ -33,9 +33,10 @@ MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
 DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 #: below this many rows the program is laid out for latency: its tile count is a constant
-#: (the program id splits with a shift) and a row posts its fault after its work, so ptxas
-#: issues the loads sooner; from this many rows on, the 512-channel program would then
-#: hold 98 registers instead of 64 (benchmarks/README.md, "The rows' first loads")
+#: (the program id splits without a runtime division) and a row posts its fault after its
+#: work, so ptxas issues the loads sooner; from this many rows on, the 512-channel program
+#: would then hold 98 registers instead of 64 (benchmarks/README.md, "The rows' first
+#: loads")
 LATENCY_BELOW = 64
 NUM_WARPS = 4
 
@@ -214,7 +215,7 @@ def conv1d_update_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     if LATENCY:
-        tiles: tl.constexpr = (DIM + TILE_D - 1) // TILE_D  # num_tiles
+        tiles: tl.constexpr = (DIM + TILE_D - 1) // TILE_D  # = num_tiles
         row = pid // tiles
         tile = pid % tiles
     else:

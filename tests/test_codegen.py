@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -225,8 +226,9 @@ def load_order(*args: str):
                        text=True, timeout=600)
     if r.returncode:
         pytest.fail(f"sass_load_order.py {' '.join(args)} failed:\n{r.stderr[-3000:]}")
-    rows = [line.split(None, 5) for line in r.stdout.splitlines()[1:]]
-    return [(int(f[2]), f[5]) for f in rows]
+    found = [re.match(r"\s*\d+\s+behind (\d+) round trip\(s\)\s+(.*)", line)
+             for line in r.stdout.splitlines()]
+    return [(int(m.group(1)), m.group(2)) for m in found if m]
 
 
 @pytest.mark.parametrize("rows", ["1", "64"])
