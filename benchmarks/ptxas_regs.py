@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import tempfile
+from typing import Tuple
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret
 
@@ -55,25 +56,36 @@ def ptx(plan: K.LaunchPlan, cap: int = 0) -> str:
     return compile_ptx(plan, sig, [n for n in names if n.endswith("_ptr")], maxnreg=cap or 0)
 
 
-def ptxas(code: str) -> str:
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def assemble(code: str, disassemble: bool = False) -> Tuple[str, str]:
+    """Triton's ptxas (``-arch=sm_90a -v``) on the PTX ``code``: its register and spill
+    report, and with ``disassemble`` the binary's SASS (Triton's ``cuobjdump``)."""
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
+        path, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(path, "w") as f:
             f.write(code)
-        r = subprocess.run([tool, "-arch=sm_90a", "-v", path, "-o", os.path.join(d, "k.cubin")],
+        r = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", path, "-o", cubin],
                            capture_output=True, text=True, check=True)
-    regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    return f"{regs} registers, spill stores {spill.group(1)} B, loads {spill.group(2)} B"
+        regs = re.search(r"Used (\d+) registers", r.stderr).group(1)
+        spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+        report = f"{regs} registers, spill stores {spill.group(1)} B, loads {spill.group(2)} B"
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True, check=True).stdout \
+            if disassemble else ""
+    return report, sass
+
+
+def ptxas(code: str) -> str:
+    return assemble(code)[0]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", type=int, nargs="*", default=[96, 80, 72, 64])
     args = ap.parse_args()
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-    version = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([os.path.join(BIN, "ptxas"), "--version"], capture_output=True, text=True).stdout
     print(f"triton {triton.__version__}; {version.strip().splitlines()[-2]}")
     for win in (4, 1):
         for cap in [0] + args.caps:

@@ -25,35 +25,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
-import tempfile
 from typing import Dict, List, Optional, Tuple
 
-from ptxas_regs import gdn_plan, ptx, ptxas  # noqa: E402  (sets TRITON_INTERPRET=0 first)
-
-import triton  # noqa: E402
+from ptxas_regs import assemble, gdn_plan, ptx  # (sets TRITON_INTERPRET=0 first)
 
 import mamba_align.kernels as K  # noqa: E402
 from mamba_align.kernels.codegen import compile_ptx  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 NO_DEST = ("ST", "RED.", "REDG", "BRA", "EXIT", "BAR", "MEMBAR", "ERRBAR", "CGAERRBAR",
            "CCTL", "BSSY", "BSYNC", "WARPSYNC", "NOP", "YIELD", "CALL", "RET")
 TWO_DESTS = ("ISETP", "UISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "UPLOP3")
-
-
-def sass(code: str) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "k.ptx")
-        with open(path, "w") as f:
-            f.write(code)
-        subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", path, "-o",
-                        os.path.join(d, "k.cubin")], check=True)
-        return subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass",
-                               os.path.join(d, "k.cubin")],
-                              capture_output=True, text=True, check=True).stdout
 
 
 def _registers(operand: str, width: int = 1) -> List[str]:
@@ -134,8 +116,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     else:
         cap = K.gdn.REGISTER_CAP if args.cap is None else args.cap
         code = ptx(gdn_plan(args.rows, args.window), cap)
-    print(ptxas(code))
-    for index, depth, text in load_depths(sass(code)):
+    report, sass = assemble(code, disassemble=True)
+    print(report)
+    for index, depth, text in load_depths(sass):
         print(f"{index:5d}  behind {depth} round trip(s)  {text}")
 
 

@@ -81,11 +81,10 @@ def _gdn(
 ):
     # the head counts are constants: the program id splits without runtime divisions
     # (shifts for powers of two), which held the first loads back
-    num_heads: tl.constexpr = HV
     num_tiles: tl.constexpr = (V + BV - 1) // BV
     pid = tl.program_id(0).to(tl.int64)
-    row = pid // (num_heads * num_tiles)
-    i_hv = (pid // num_tiles) % num_heads
+    row = pid // (HV * num_tiles)
+    i_hv = (pid // num_tiles) % HV
     i_v = pid % num_tiles
     i_h = i_hv // GROUP
     t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
@@ -141,7 +140,7 @@ def _gdn(
     out_o = o_ptr + i_hv * V + vv
     if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's o is 0
         for t in range(t0, t1):
-            tl.store(out_o + t * num_heads * V, tl.zeros((BV,), o_ptr.dtype.element_ty),
+            tl.store(out_o + t * HV * V, tl.zeros((BV,), o_ptr.dtype.element_ty),
                      mask=vmask)
     if fault == 0:
         tl.debug_barrier()  # the whole initial state is loaded before any store
@@ -173,7 +172,7 @@ def _gdn(
             u = beta * (vf - tl.sum(h * kf[None, :], axis=1))
             h = h + u[:, None] * kf[None, :]
             o = tl.sum(h * qf[None, :], axis=1)
-            tl.store(out_o + t * num_heads * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
+            tl.store(out_o + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
             # one store site for both kinds of row: candidate j (the state after j + 1
             # tokens) on spec rows, the final state to write block 0 on others
             wj = tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
