@@ -11,6 +11,7 @@ the record keeps every figure and their median.
 Usage::
 
     python benchmarks/probe_prologue.py --out DIR [--label L] [--repeat 3]
+        [--batches 1,16,64,256] [--gdn-only]
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", default="current")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--batches", default="1,16,64,256", help="decode batches, comma-separated")
+    ap.add_argument("--gdn-only", action="store_true", help="no conv rows, no spec row")
     args = ap.parse_args()
     dev = torch.device("cuda")
     s = shapes(False)
@@ -49,7 +52,8 @@ def main() -> None:
                          us=[m * 1e3 for m in ms], median_us=statistics.median(ms) * 1e3))
         print(json.dumps(rows[-1]), flush=True)
 
-    for T, spec, batches in ((1, False, (1, 16, 64, 256)), (4, True, (64,))):
+    decode = tuple(int(b) for b in args.batches.split(","))
+    for T, spec, batches in ((1, False, decode), (4, True, () if args.gdn_only else (64,))):
         for B in batches:
             c = Case(s, B, T, spec, dev, gen)
             o, y = c.gdn(), c.conv()
@@ -61,7 +65,7 @@ def main() -> None:
                 check(f"conv B={B} row {row}", y[row * T:(row + 1) * T], c.conv_ref(row), 2e-2)
             c.assert_clean(f"B={B}")
             timed("gdn", "ours", B, T, c.timed(c.gdn))
-            if not spec:
+            if not spec and not args.gdn_only:
                 timed("conv_ds", "ours", B, T, c.timed(c.conv))
                 c.i = 0
                 fused, _, conv_update = fla

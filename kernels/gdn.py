@@ -29,10 +29,28 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
-#: below this many rows the state is loaded and stored with streaming cache hints, which
-#: help a small batch and cost a large one (benchmarks/README.md, "Streaming hints"); a
-#: hint changes no arithmetic, so a row's bits do not depend on the batch
-STREAM_BELOW = 16
+#: below this many rows the program is laid out for latency: the state is loaded and stored
+#: with streaming cache hints and its loads issue ahead of the first token's inputs, which
+#: helps a small batch and costs a large one (benchmarks/README.md, "Streaming hints" and
+#: "The rows' first loads"); neither changes arithmetic, so a row's bits do not depend on
+#: the batch
+LATENCY_BELOW = 16
+
+
+@triton.jit
+def _token_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head, i_hv,
+                  qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask,
+                  QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr):
+    """Token ``t``'s q, k ``[BK]``, v ``[BV]`` and two gates, zero where ``live`` is false."""
+    q = tl.load(q_ptr + aligned_base(qk_head, t, qk_stride_t, QK_ALIGN) + kk,
+                mask=kmask & live, other=0)
+    k = tl.load(k_ptr + aligned_base(qk_head, t, qk_stride_t, QK_ALIGN) + kk,
+                mask=kmask & live, other=0)
+    v = tl.load(v_ptr + aligned_base(v_head, t, v_stride_t, V_ALIGN) + vt,
+                mask=vmask & live, other=0)
+    ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0)
+    gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0)
+    return q, k, v, ga, gb
 
 
 @triton.jit
@@ -75,7 +93,7 @@ def _gdn(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    STREAM: tl.constexpr,
+    LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,  # HV // H
 ):
@@ -109,27 +127,24 @@ def _gdn(
         head = tl.multiple_of(layer_offset + i_hv * tl.multiple_of(head_stride, ALIGN), ALIGN)
     else:
         head = layer_offset + i_hv * head_stride
-    # Everything the first token needs is loaded before the row's checks are known, so the
-    # checks add no round trip: every address is in bounds whatever the ids (the masks),
-    # and nothing is stored unless the row is clean.
+    # The state is loaded before the row's checks are known, so the checks add no round
+    # trip: every address is in bounds whatever the ids (the masks), and nothing is stored
+    # unless the row is clean. So are the first token's inputs, except under LATENCY, where
+    # they load after the checks so that ptxas cannot put them ahead of the state's loads.
     h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0,
-                eviction_policy="evict_first" if STREAM else "").to(tl.float32)
+                eviction_policy="evict_first" if LATENCY else "").to(tl.float32)
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
     qk_head = i_h * qk_stride_h
     v_head = i_hv * v_stride_h + i_v * BV
     vt = tl.arange(0, BV)
-    live = (t0 >= 0) & (t0 < num_tokens) & (n > 0)
-    q = tl.load(q_ptr + aligned_base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
-                mask=kmask & live, other=0)
-    k = tl.load(k_ptr + aligned_base(qk_head, t0, qk_stride_t, QK_ALIGN) + kk,
-                mask=kmask & live, other=0)
-    v = tl.load(v_ptr + aligned_base(v_head, t0, v_stride_t, V_ALIGN) + vt,
-                mask=vmask & live, other=0)
-    ga = tl.load(gate_a_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
-    gb = tl.load(gate_b_ptr + t0 * gate_stride + i_hv, mask=live, other=0)
+    if not LATENCY:
+        q, k, v, ga, gb = _token_inputs(
+            q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t0,
+            (t0 >= 0) & (t0 < num_tokens) & (n > 0), qk_head, v_head, i_hv, qk_stride_t,
+            v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN, V_ALIGN)
 
     fault = range_fault(t0, t1, num_tokens)
     bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
@@ -144,18 +159,17 @@ def _gdn(
                      mask=vmask)
     if fault == 0:
         tl.debug_barrier()  # the whole initial state is loaded before any store
+        if LATENCY:  # the row's entries are in range now
+            q, k, v, ga, gb = _token_inputs(
+                q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t0, n > 0, qk_head, v_head, i_hv,
+                qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN, V_ALIGN)
         for j in range(0, n):
             t = t0 + j
             # the next token's inputs, loaded while this one computes
-            more = j + 1 < n
-            q_next = tl.load(q_ptr + aligned_base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
-                             mask=kmask & more, other=0)
-            k_next = tl.load(k_ptr + aligned_base(qk_head, t + 1, qk_stride_t, QK_ALIGN) + kk,
-                             mask=kmask & more, other=0)
-            v_next = tl.load(v_ptr + aligned_base(v_head, t + 1, v_stride_t, V_ALIGN) + vt,
-                             mask=vmask & more, other=0)
-            ga_next = tl.load(gate_a_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
-            gb_next = tl.load(gate_b_ptr + (t + 1) * gate_stride + i_hv, mask=more, other=0)
+            q_next, k_next, v_next, ga_next, gb_next = _token_inputs(
+                q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t + 1, j + 1 < n, qk_head, v_head,
+                i_hv, qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN,
+                V_ALIGN)
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
             if FUSED_GATES:
                 x = ga.to(tl.float32) + dt_bias
@@ -179,7 +193,7 @@ def _gdn(
             if spec | (j == n - 1):
                 tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0),
-                         cache_modifier=".cs" if STREAM else "")
+                         cache_modifier=".cs" if LATENCY else "")
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
 
@@ -224,7 +238,7 @@ def gated_delta_rule_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    STREAM: tl.constexpr,
+    LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
 ):
@@ -233,7 +247,7 @@ def gated_delta_rule_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, LATENCY, HV, GROUP)
 
 
 @same_binary_jit
@@ -277,7 +291,7 @@ def gated_delta_rule_fused_gates_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
-    STREAM: tl.constexpr,
+    LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
 ):
@@ -286,7 +300,7 @@ def gated_delta_rule_fused_gates_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, LATENCY, HV, GROUP)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -356,7 +370,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
                     "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "STREAM": rows < STREAM_BELOW, "HV": HV, "GROUP": HV // H},
+                    "LATENCY": rows < LATENCY_BELOW, "HV": HV, "GROUP": HV // H},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -202,7 +202,7 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
 
 def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
     """The gated delta rule's state is loaded ``evict_first`` and stored ``.cs`` below
-    ``STREAM_BELOW`` rows and plainly from there; the conv update's one-token path always
+    ``LATENCY_BELOW`` rows and plainly from there; the conv update's one-token path always
     streams its window (benchmarks/README.md, "Streaming hints")."""
     acc = recurrent_accesses
 
@@ -239,3 +239,13 @@ def test_the_state_waits_for_one_round_trip_only(rows):
     state = [d for d, text in loads if "LDG.E" in text and ".128" in text and "+0x200]" in text]
     assert state and set(state) == {1}, loads
     assert all(d == 0 for d, _ in loads[:3]), loads  # two cu_seqlens entries, a block id
+
+
+def test_a_small_batch_issues_the_state_before_the_first_tokens_inputs():
+    # below LATENCY_BELOW rows nothing that waits for the ids goes ahead of the state's
+    # (evict_first) loads: ptxas had put q, k, v and the gates first (benchmarks/README.md,
+    # "The rows' first loads")
+    loads = load_order("--rows", "1")
+    state = [i for i, (_, text) in enumerate(loads) if ".EF.128" in text]
+    assert len(state) == 8, loads
+    assert all(".EF.128" in text for d, text in loads[:state[-1] + 1] if d > 0), loads

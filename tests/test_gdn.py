@@ -9,7 +9,7 @@ import pytest
 from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
 
 from mamba_align.core import Fault, new_errors
-from mamba_align.kernels.gdn import STREAM_BELOW
+from mamba_align.kernels.gdn import LATENCY_BELOW
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -84,11 +84,11 @@ def test_torch_and_jax_give_the_same_bits():
 
 
 def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
-    """Row 2 alone, and in a batch padded with empty rows to ``STREAM_BELOW`` rows (a
+    """Row 2 alone, and in a batch padded with empty rows to ``LATENCY_BELOW`` rows (a
     small batch streams its state with cache hints, a large one does not)."""
     rng = np.random.default_rng(3)
     pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
-    pad = STREAM_BELOW - len(RB)
+    pad = LATENCY_BELOW - len(RB)
     wbs = np.r_[WBS, np.full((pad, WBS.shape[1]), -1)]
     o, out, _ = device_backend.gdn(pool, q, k, v, gates, np.r_[CU, [CU[-1]] * pad],
                                    np.r_[RB, [-1] * pad], wbs, np.r_[SPEC, [0] * pad], layer=1)
