@@ -29,12 +29,14 @@ NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
 #: fits fewer one-warp programs on an SM; at 80 nothing spills (benchmarks/README.md)
 REGISTER_CAP = 80
-#: below this many rows the program is laid out for latency: the state is loaded and stored
-#: with streaming cache hints and its loads issue ahead of the first token's inputs, which
-#: helps a small batch and costs a large one (benchmarks/README.md, "Streaming hints" and
-#: "The rows' first loads"); neither changes arithmetic, so a row's bits do not depend on
-#: the batch
-LATENCY_BELOW = 16
+#: below this many rows the state is loaded and stored with streaming cache hints, which
+#: help a small batch and cost a large one (benchmarks/README.md, "Streaming hints"); a
+#: hint changes no arithmetic, so a row's bits do not depend on the batch
+STREAM_BELOW = 16
+#: below this many rows the first token's inputs load after the row's checks, so that the
+#: state's loads issue first, which helps one row and costs four (benchmarks/README.md,
+#: "The rows' first loads"); no arithmetic changes
+LATENCY_BELOW = 2
 
 
 @triton.jit
@@ -93,6 +95,7 @@ def _gdn(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
     LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,  # HV // H
@@ -133,7 +136,7 @@ def _gdn(
     # they load after the checks so that ptxas cannot put them ahead of the state's loads.
     h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0,
-                eviction_policy="evict_first" if LATENCY else "").to(tl.float32)
+                eviction_policy="evict_first" if STREAM else "").to(tl.float32)
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
@@ -193,7 +196,7 @@ def _gdn(
             if spec | (j == n - 1):
                 tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0),
-                         cache_modifier=".cs" if LATENCY else "")
+                         cache_modifier=".cs" if STREAM else "")
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
 
@@ -238,6 +241,7 @@ def gated_delta_rule_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
     LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -247,7 +251,7 @@ def gated_delta_rule_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, LATENCY, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, LATENCY, HV, GROUP)
 
 
 @same_binary_jit
@@ -291,6 +295,7 @@ def gated_delta_rule_fused_gates_kernel(
     ALIGN: tl.constexpr,
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
+    STREAM: tl.constexpr,
     LATENCY: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
@@ -300,7 +305,7 @@ def gated_delta_rule_fused_gates_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, LATENCY, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, LATENCY, HV, GROUP)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -370,7 +375,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
                     "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "LATENCY": rows < LATENCY_BELOW, "HV": HV, "GROUP": HV // H},
+                    "STREAM": rows < STREAM_BELOW, "LATENCY": rows < LATENCY_BELOW,
+                    "HV": HV, "GROUP": HV // H},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

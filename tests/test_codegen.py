@@ -202,7 +202,7 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
 
 def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
     """The gated delta rule's state is loaded ``evict_first`` and stored ``.cs`` below
-    ``LATENCY_BELOW`` rows and plainly from there; the conv update's one-token path always
+    ``STREAM_BELOW`` rows and plainly from there; the conv update's one-token path always
     streams its window (benchmarks/README.md, "Streaming hints")."""
     acc = recurrent_accesses
 

@@ -9,7 +9,7 @@ import pytest
 from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
 
 from mamba_align.core import Fault, new_errors
-from mamba_align.kernels.gdn import LATENCY_BELOW
+from mamba_align.kernels.gdn import STREAM_BELOW
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -84,11 +84,12 @@ def test_torch_and_jax_give_the_same_bits():
 
 
 def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
-    """Row 2 alone, and in a batch padded with empty rows to ``LATENCY_BELOW`` rows (a
-    small batch streams its state with cache hints, a large one does not)."""
+    """Row 2 alone, and in a batch padded with empty rows to ``STREAM_BELOW`` rows (a
+    small batch streams its state with cache hints, a large one does not; a row alone also
+    loads its first token's inputs after its checks)."""
     rng = np.random.default_rng(3)
     pool, q, k, v, gates = inputs(rng, 1, 2, 16, 16)
-    pad = LATENCY_BELOW - len(RB)
+    pad = STREAM_BELOW - len(RB)
     wbs = np.r_[WBS, np.full((pad, WBS.shape[1]), -1)]
     o, out, _ = device_backend.gdn(pool, q, k, v, gates, np.r_[CU, [CU[-1]] * pad],
                                    np.r_[RB, [-1] * pad], wbs, np.r_[SPEC, [0] * pad], layer=1)
@@ -100,26 +101,48 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, [4, 5, 6]], out[1, [4, 5, 6]])
 
 
-def test_faulty_rows_are_flagged_and_write_nothing(backend):
+def faulty_rows():
+    """A read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good
+    row: ``(pool, q, k, v, gates, cu_seqlens, read blocks, write blocks, is_spec)``."""
     rng = np.random.default_rng(4)
     pool, q, k, v, gates = inputs(rng, 1, 1, 8, 8)
     pool[:] = SENTINEL
     pool[1, 1:4] = rng.normal(size=(3, 1, 8, 8))
-    cu = np.array([0, 1, 2, 6, 7])
-    # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good row
-    rb = np.array([NB, 1, 2, 3])
-    wbs = np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]])
-    spec = np.array([0, 0, 1, 0])
     sl = {n: x[:7] for n, x in gates.items()}
-    o, out, err = backend.gdn(pool, q[:7], k[:7], v[:7], sl, cu, rb, wbs, spec, layer=1)
-    ro, rout, rerr = make_backend("reference").gdn(pool, q[:7], k[:7], v[:7], sl, cu, rb, wbs,
-                                                   spec, layer=1)
+    return (pool, q[:7], k[:7], v[:7], sl, np.array([0, 1, 2, 6, 7]), np.array([NB, 1, 2, 3]),
+            np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]]),
+            np.array([0, 0, 1, 0]))
+
+
+def test_faulty_rows_are_flagged_and_write_nothing(backend):
+    pool, q, k, v, sl, cu, rb, wbs, spec = faulty_rows()
+    o, out, err = backend.gdn(pool, q, k, v, sl, cu, rb, wbs, spec, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, sl, cu, rb, wbs, spec,
+                                                   layer=1)
     assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
     assert err.tolist() == rerr.tolist() and err[1] == 0
     assert (o[:6] == 0).all()
     close(o[6], ro[6], 1e-5)
     assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
     close(out[1, 8], rout[1, 8], 1e-5)
+
+
+@pytest.mark.parametrize("row", range(4))
+def test_a_faulty_row_alone_is_flagged_and_writes_nothing(backend, row):
+    # one row is a launch of its own layout (LATENCY_BELOW): its first token's inputs load
+    # after its checks
+    pool, q, k, v, sl, cu, rb, wbs, spec = faulty_rows()
+    t0, t1 = cu[row], cu[row + 1]
+    args = (pool, q[t0:t1], k[t0:t1], v[t0:t1], {n: x[t0:t1] for n, x in sl.items()},
+            [0, t1 - t0], rb[row:row + 1], wbs[row:row + 1], spec[row:row + 1])
+    o, out, err = backend.gdn(*args, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(*args, layer=1)
+    assert err.tolist() == rerr.tolist() and (err[0] != 0) == (row < 3)
+    if row < 3:
+        assert (o == 0).all()
+        np.testing.assert_array_equal(out, pool)
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
 
 
 def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
