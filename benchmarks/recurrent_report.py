@@ -134,7 +134,7 @@ def recurrent_md(results: Path) -> str:
          target("gdn decode ≤ %.1f µs at B = 1" % GDN_B1_US,
                 [None if val("gdn", "ours", 1, 1, "ms") is None
                  else val("gdn", "ours", 1, 1, "ms") * 1e3] if 1 in every else [],
-                lambda v: v <= GDN_B1_US, (".1f", " µs")),
+                lambda v: v <= GDN_B1_US, (".2f", " µs")),
          target("gdn spec ≥ %.1f TB/s at B ≥ 64" % GDN_SPEC_TBPS,
                 [val("gdn", "ours", B, S1) for B in big], lambda v: v >= GDN_SPEC_TBPS, tb),
          *([] if probe else [
