@@ -186,7 +186,9 @@ def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor], *
                 body(static)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            # thread-local: another thread's CUDA call (JAX's runtime, in a process that
+            # also runs JAX) must not invalidate the capture, as the global mode lets it
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 outs = body(static)
             captured[key] = (static, graph, outs)
         static, graph, outs = captured[key]
