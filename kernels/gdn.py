@@ -35,7 +35,7 @@ REGISTER_CAP = 80
 STREAM_BELOW = 16
 #: below this many rows the first token's inputs load after the row's checks, so that the
 #: state's loads issue first, which helps one row and costs four (benchmarks/README.md,
-#: "The rows' first loads"); no arithmetic changes
+#: "The state ahead of the first token's inputs"); no arithmetic changes
 LATENCY_BELOW = 2
 
 

@@ -241,10 +241,10 @@ def test_the_state_waits_for_one_round_trip_only(rows):
     assert all(d == 0 for d, _ in loads[:3]), loads  # two cu_seqlens entries, a block id
 
 
-def test_a_small_batch_issues_the_state_before_the_first_tokens_inputs():
+def test_a_one_row_launch_issues_the_state_before_the_first_tokens_inputs():
     # below LATENCY_BELOW rows nothing that waits for the ids goes ahead of the state's
     # (evict_first) loads: ptxas had put q, k, v and the gates first (benchmarks/README.md,
-    # "The rows' first loads")
+    # "The state ahead of the first token's inputs")
     loads = load_order("--rows", "1")
     state = [i for i, (_, text) in enumerate(loads) if ".EF.128" in text]
     assert len(state) == 8, loads
