@@ -36,7 +36,7 @@ STREAM_BELOW = 16
 #: below this many rows the first token's inputs load after the row's checks, so that the
 #: state's loads issue first, which helps one row and costs four (benchmarks/README.md,
 #: "The state ahead of the first token's inputs"); no arithmetic changes
-LATENCY_BELOW = 2
+STATE_FIRST_BELOW = 2
 
 
 @triton.jit
@@ -96,7 +96,7 @@ def _gdn(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
-    LATENCY: tl.constexpr,
+    STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,  # HV // H
 ):
@@ -132,8 +132,8 @@ def _gdn(
         head = layer_offset + i_hv * head_stride
     # The state is loaded before the row's checks are known, so the checks add no round
     # trip: every address is in bounds whatever the ids (the masks), and nothing is stored
-    # unless the row is clean. So are the first token's inputs, except under LATENCY, where
-    # they load after the checks so that ptxas cannot put them ahead of the state's loads.
+    # unless the row is clean. So are the first token's inputs, except under STATE_FIRST:
+    # then they load after the checks, so that ptxas cannot put them ahead of the state.
     h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0,
                 eviction_policy="evict_first" if STREAM else "").to(tl.float32)
@@ -143,7 +143,7 @@ def _gdn(
     qk_head = i_h * qk_stride_h
     v_head = i_hv * v_stride_h + i_v * BV
     vt = tl.arange(0, BV)
-    if not LATENCY:
+    if not STATE_FIRST:
         q, k, v, ga, gb = _token_inputs(
             q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t0,
             (t0 >= 0) & (t0 < num_tokens) & (n > 0), qk_head, v_head, i_hv, qk_stride_t,
@@ -162,7 +162,7 @@ def _gdn(
                      mask=vmask)
     if fault == 0:
         tl.debug_barrier()  # the whole initial state is loaded before any store
-        if LATENCY:  # the row's entries are in range now
+        if STATE_FIRST:  # the row's entries are in range now
             q, k, v, ga, gb = _token_inputs(
                 q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t0, n > 0, qk_head, v_head, i_hv,
                 qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN, V_ALIGN)
@@ -242,7 +242,7 @@ def gated_delta_rule_kernel(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
-    LATENCY: tl.constexpr,
+    STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
 ):
@@ -251,7 +251,8 @@ def gated_delta_rule_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, LATENCY, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+         GROUP)
 
 
 @same_binary_jit
@@ -296,7 +297,7 @@ def gated_delta_rule_fused_gates_kernel(
     QK_ALIGN: tl.constexpr,
     V_ALIGN: tl.constexpr,
     STREAM: tl.constexpr,
-    LATENCY: tl.constexpr,
+    STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
 ):
@@ -305,7 +306,8 @@ def gated_delta_rule_fused_gates_kernel(
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, LATENCY, HV, GROUP)
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+         GROUP)
 
 
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
@@ -375,7 +377,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
                     "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "STREAM": rows < STREAM_BELOW, "LATENCY": rows < LATENCY_BELOW,
+                    "STREAM": rows < STREAM_BELOW, "STATE_FIRST": rows < STATE_FIRST_BELOW,
                     "HV": HV, "GROUP": HV // H},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},

@@ -9,6 +9,7 @@ import pytest
 from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
 
 from mamba_align.core import Fault, new_errors
+from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
 from mamba_align.kernels.gdn import STREAM_BELOW
 
 L, NB, S = 2, 12, 2
@@ -127,21 +128,41 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
-@pytest.mark.parametrize("row", range(4))
-def test_a_faulty_row_alone_is_flagged_and_writes_nothing(backend, row):
-    # one row is a launch of its own layout (LATENCY_BELOW): its first token's inputs load
-    # after its checks
-    pool, q, k, v, sl, cu, rb, wbs, spec = faulty_rows()
-    t0, t1 = cu[row], cu[row + 1]
-    args = (pool, q[t0:t1], k[t0:t1], v[t0:t1], {n: x[t0:t1] for n, x in sl.items()},
-            [0, t1 - t0], rb[row:row + 1], wbs[row:row + 1], spec[row:row + 1])
-    o, out, err = backend.gdn(*args, layer=1)
+def gdn_plan(rows):
+    """The plan of a ``rows``-row launch on row-major fp32 arrays (a window of 3)."""
+    spec = ArraySpec.row_major
+    ids, f32 = spec((rows,), "int64"), "float32"
+    return plan_gated_delta_rule(spec((L, NB, 1, 8, 8), f32), spec((2,), "int32"),
+                                 spec((rows, 1, 8), f32), spec((rows, 1, 8), f32),
+                                 spec((rows, 1, 8), f32), spec((rows, 1), f32),
+                                 spec((rows, 1), f32), spec((rows + 1,), "int64"), ids,
+                                 spec((rows, 3), "int64"), ids, layer=1, scale=0.0,
+                                 use_qk_l2norm=False, layout="VK")
+
+
+ONE_ROW = {  # case: (row of faulty_rows whose ids it takes, its tokens, its cu_seqlens)
+    "bad read": (0, (0, 1), [0, 1]), "bad write": (1, (1, 2), [0, 1]),
+    "long spec": (2, (2, 6), [0, 4]), "good": (3, (6, 7), [0, 1]),
+    "prefill": (3, (0, 6), [0, 6]), "past the tokens": (3, (0, 2), [0, 5]),
+    "backwards": (3, (0, 2), [2, 1])}
+
+
+@pytest.mark.parametrize("case", ONE_ROW)
+def test_a_one_row_launch_matches_the_reference(device_backend, case):
+    # a launch of one row loads its first token's inputs after its checks
+    # (STATE_FIRST_BELOW): faulty_rows' rows alone, a prefill, bad cu_seqlens
+    assert gdn_plan(1).constexprs["STATE_FIRST"] and not gdn_plan(2).constexprs["STATE_FIRST"]
+    pool, q, k, v, sl, _, rb, wbs, spec = faulty_rows()
+    row, (t0, t1), cu = ONE_ROW[case]
+    args = (pool, q[t0:t1], k[t0:t1], v[t0:t1], {n: x[t0:t1] for n, x in sl.items()}, cu,
+            rb[row:row + 1], wbs[row:row + 1], spec[row:row + 1])
+    o, out, err = device_backend.gdn(*args, layer=1)
     ro, rout, rerr = make_backend("reference").gdn(*args, layer=1)
-    assert err.tolist() == rerr.tolist() and (err[0] != 0) == (row < 3)
-    if row < 3:
-        assert (o == 0).all()
+    assert err.tolist() == rerr.tolist() and (err[0] != 0) == (case not in ("good", "prefill"))
+    if err[0]:
         np.testing.assert_array_equal(out, pool)
-    close(o, ro, 1e-5)
+    if not err[0] & Fault.BAD_CU_SEQLENS:  # else no token is the row's: o is not written
+        close(o, ro, 1e-5)
     close(out, rout, 1e-5)
 
 
