@@ -12,7 +12,7 @@ under ``--out`` (``..._{label}_2_h200.json`` and so on when the label ran before
 Usage::
 
     python benchmarks/probe_prologue.py --out DIR [--label L] [--repeat 3]
-        [--batches 1,16,64,256] [--gdn-only]
+        [--batches 1,16,64,256] [--gdn-only | --conv-only]
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from timing import bench_ms, free  # noqa: E402
 import torch  # noqa: E402
 
 from bench_recurrent import fla_rows  # noqa: E402
-from recurrent_cases import Case, check, load_fla, shapes  # noqa: E402
+from recurrent_cases import Case, check, fla_conv_calls, load_fla, shapes  # noqa: E402
 
 
 def main() -> None:
@@ -41,6 +41,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16,64,256", help="decode batches, comma-separated")
     ap.add_argument("--gdn-only", action="store_true",
                     help="the gated delta rule at decode only: no conv, spec or fla rows")
+    ap.add_argument("--conv-only", action="store_true",
+                    help="the conv update at decode only (and fla's): no gated delta rule")
     args = ap.parse_args()
     dev = torch.device("cuda")
     s = shapes(False)
@@ -55,20 +57,24 @@ def main() -> None:
         print(json.dumps(rows[-1]), flush=True)
 
     decode = tuple(int(b) for b in args.batches.split(","))
-    for T, spec, batches in ((1, False, decode), (4, True, () if args.gdn_only else (64,))):
+    spec_rows = () if args.gdn_only or args.conv_only else (64,)
+    for T, spec, batches in ((1, False, decode), (4, True, spec_rows)):
         for B in batches:
             c = Case(s, B, T, spec, dev, gen)
-            o, y = c.gdn(), None if args.gdn_only else c.conv()
+            o = None if args.conv_only else c.gdn()
+            y = None if args.gdn_only else c.conv()
             for row in sorted({0, B - 1}):
-                want_o, want_h = c.gdn_ref(row)
-                check(f"gdn B={B} row {row}", o[row * T:(row + 1) * T], want_o, 2e-2)
-                check(f"gdn state B={B} row {row}", c.pool[1, c.wbs[row, :want_h.shape[0]]],
-                      want_h, 2e-2)
+                if o is not None:
+                    want_o, want_h = c.gdn_ref(row)
+                    check(f"gdn B={B} row {row}", o[row * T:(row + 1) * T], want_o, 2e-2)
+                    check(f"gdn state B={B} row {row}",
+                          c.pool[1, c.wbs[row, :want_h.shape[0]]], want_h, 2e-2)
                 if y is not None:
                     check(f"conv B={B} row {row}", y[row * T:(row + 1) * T], c.conv_ref(row),
                           2e-2)
             c.assert_clean(f"B={B}")
-            timed("gdn", "ours", B, T, c.timed(c.gdn))
+            if o is not None:
+                timed("gdn", "ours", B, T, c.timed(c.gdn))
             if not spec and not args.gdn_only:
                 timed("conv_ds", "ours", B, T, c.timed(c.conv))
                 c.i = 0
@@ -77,7 +83,11 @@ def main() -> None:
                 def rec(op, method, B_, T_, fn, nbytes, note=""):  # fla alone only
                     if method == "fla":
                         timed(f"{op}_fla", "fla", B_, T_, fn)
-                fla_rows(s, c, (fused, None, conv_update), rec, "decode")
+                if args.conv_only:  # fla's conv update alone, not its gated delta rule
+                    timed("conv_fla", "fla", B, T, c.timed(fla_conv_calls(s, c, conv_update,
+                                                                          "decode")[0]))
+                else:
+                    fla_rows(s, c, (fused, None, conv_update), rec, "decode")
                 c.use_sd_pool()
                 yy = c.conv()
                 for row in sorted({0, B - 1}):

@@ -54,8 +54,9 @@ def _registers(operand: str, width: int = 1) -> List[str]:
 
 def load_depths(code: str) -> List[Tuple[int, int, str]]:
     """``(instruction index, round trips waited behind, instruction)`` for every global
-    load before the first global store, in the order of the code (branches are not
-    followed: this is the fall-through path)."""
+    load and every branch before the first global store, in the order of the code
+    (branches are not followed: this is the fall-through path; a branch's round trips are
+    those its issue waits behind)."""
     ready: Dict[str, int] = {}
     issue, loads = 0, []
     for line in code.splitlines():
@@ -75,7 +76,7 @@ def load_depths(code: str) -> List[Tuple[int, int, str]]:
                    for r in _registers(o, 2 if ".WIDE" in op and i == len(operands) - 1 else 1)]
         sources += _registers(pred.group(1)) if pred else []
         issue = max([issue] + [ready.get(r, 0) for r in sources])
-        if op.startswith("LDG"):
+        if op.startswith(("LDG", "BRA")):
             loads.append((index, issue, text))
         for r in dests:
             ready[r] = issue + 1 if op.startswith("LDG") else issue

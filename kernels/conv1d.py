@@ -3,7 +3,9 @@ conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv
 
 One program per (row, channel tile), both on grid axis 0. A row of one token (a decode
 row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
-stores the new window from registers (``_one_token``). Any other row (``_tiled_rows``)
+stores the new window from registers (``_one_token``; below ``LATENCY_BELOW`` rows
+``_one_token_unbranched``, which every program runs, its stores masked off on other
+rows). Any other row (``_tiled_rows``)
 first loads its new window (from its read block at its read offset and from ``x``), then
 computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then, after a
 barrier, stores the window to the write block (which may be the read block). Both sum in
@@ -33,10 +35,11 @@ MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
 DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 #: below this many rows the program is laid out for latency: its tile count is a constant
-#: (the program id splits without a runtime division) and a row posts its fault after its
-#: work, so ptxas issues the loads sooner; from this many rows on, the 512-channel program
-#: would then hold 98 registers instead of 64 (benchmarks/README.md, "The rows' first
-#: loads")
+#: (the program id splits without a runtime division), a row posts its fault after its
+#: work and a one-token row's loads have no branch ahead of them, so ptxas issues them
+#: sooner; from this many rows on, the 512-channel program would then hold 98 registers
+#: instead of 64 (benchmarks/README.md, "The rows' first loads" and "The window ahead of
+#: the row's checks")
 LATENCY_BELOW = 64
 NUM_WARPS = 4
 
@@ -101,20 +104,16 @@ def _tap(word, k: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
-               num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
-               WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
-               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr):
-    """A row of one token (``K <= 4``): ``full = h0, .., h[K-2], x``; the same sum as the
-    tiled path (the taps in order, then the bias), each input loaded once and held, and the
-    new window ``full[1:]`` stored from registers. A lane stores only the channels it
-    loaded, after loading them (a data dependence), so the window may be rewritten in place
-    without a barrier."""
+def _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens, x_stride, d,
+                      K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                      X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr):
+    """A one-token row's ``K - 1`` history rows (as loaded: zeros without a read block) and
+    its token, each ``[len(d)]`` in the pool's and ``x``'s dtype. Safe before the row's
+    checks: the window stays inside the read block and ``x`` inside ``[0, T_total)``."""
     dm = d < DIM
     hm = dm & has_hist
     pos = tl.where(has_hist, off, 0).to(tl.int32)
     rp = pool_ptr + rbase
-    # the window's values as loaded (stored back as they are: a bit copy), fp32 for the sum
     h0 = _stream_in(rp, pos, d, hm, WIDTH, DIM, LAYOUT_DS)
     h1 = h0
     h2 = h0
@@ -126,6 +125,15 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     if X_ALIGN > 1:
         x_row = tl.multiple_of(x_row, X_ALIGN)
     xv = tl.load(x_ptr + x_row + d, mask=dm & (t0 >= 0) & (t0 < num_tokens), other=0)
+    return h0, h1, h2, xv
+
+
+@triton.jit
+def _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K: tl.constexpr, DIM: tl.constexpr,
+                    W_PACKED: tl.constexpr):
+    """A channel's ``K`` taps (``w3`` is ``w1`` where ``K < 4``, ``w2`` where ``K < 3``)
+    and its bias, ``[len(d)]`` fp32 each."""
+    dm = d < DIM
     if W_PACKED:  # a channel's taps are one 8-byte word: one load instead of K
         word = tl.load(weight_ptr.to(tl.pointer_type(tl.uint64), bitcast=True) + d, mask=dm,
                        other=0)
@@ -145,37 +153,94 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
         if K > 3:
             w3 = tl.load(wp + 3, mask=dm, other=0).to(tl.float32)
     cb = tl.load(bias_ptr + d, mask=dm, other=0).to(tl.float32)
+    return w0, w1, w2, w3, cb
+
+
+@triton.jit
+def _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K: tl.constexpr, SILU: tl.constexpr):
+    """A one-token row's output, fp32: ``full = h0, .., h[K-2], x``, the taps in order,
+    then the bias (the tiled path's order), then the activation."""
+    acc = tl.zeros(h0.shape, tl.float32)
+    acc += w0 * h0.to(tl.float32)
+    if K == 2:
+        acc += w1 * xv.to(tl.float32)
+    else:
+        acc += w1 * h1.to(tl.float32)
+        if K == 3:
+            acc += w2 * xv.to(tl.float32)
+        else:
+            acc += w2 * h2.to(tl.float32)
+            acc += w3 * xv.to(tl.float32)
+    acc += cb
+    if SILU:
+        acc = acc * tl.sigmoid(acc)
+    return acc
+
+
+@triton.jit
+def _one_token_window(out, h1, h2, xv, mask, d, K: tl.constexpr, WIDTH: tl.constexpr,
+                      DIM: tl.constexpr, LAYOUT_DS: tl.constexpr):
+    """Stores a one-token row's new window ``full[1:]`` at ``out`` from registers: a bit
+    copy of the history rows it loaded, and its token."""
+    dt = out.dtype.element_ty
+    if K == 2:
+        _stream_out(out, 0, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
+    else:
+        _stream_out(out, 0, d, h1, mask, WIDTH, DIM, LAYOUT_DS)
+        if K == 3:
+            _stream_out(out, 1, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
+        else:
+            _stream_out(out, 1, d, h2, mask, WIDTH, DIM, LAYOUT_DS)
+            _stream_out(out, 2, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
+
+
+@triton.jit
+def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+               num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
+               WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
+               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr):
+    """A row of one token (``K <= 4``) in a launch of :data:`LATENCY_BELOW` rows or more:
+    each input loaded once and held, the output summed as the tiled path sums it, and the
+    new window stored from registers. A lane stores only the channels it loaded, after
+    loading them (a data dependence), so the window may be rewritten in place without a
+    barrier."""
+    dm = d < DIM
+    h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
+                                       x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
+    w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
     y_at = y_ptr + t0 * DIM + d
     if fault == 0:
-        acc = tl.zeros(d.shape, tl.float32)
-        acc += w0 * h0.to(tl.float32)
-        if K == 2:
-            acc += w1 * xv.to(tl.float32)
-        else:
-            acc += w1 * h1.to(tl.float32)
-            if K == 3:
-                acc += w2 * xv.to(tl.float32)
-            else:
-                acc += w2 * h2.to(tl.float32)
-                acc += w3 * xv.to(tl.float32)
-        acc += cb
-        if SILU:
-            acc = acc * tl.sigmoid(acc)
+        acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
         tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=dm)
-        wm = dm & writes
-        out = pool_ptr + wbase
-        dt = pool_ptr.dtype.element_ty
-        if K == 2:
-            _stream_out(out, 0, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
-        else:
-            _stream_out(out, 0, d, h1, wm, WIDTH, DIM, LAYOUT_DS)
-            if K == 3:
-                _stream_out(out, 1, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
-            else:
-                _stream_out(out, 1, d, h2, wm, WIDTH, DIM, LAYOUT_DS)
-                _stream_out(out, 2, d, xv.to(dt), wm, WIDTH, DIM, LAYOUT_DS)
+        _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes, d, K, WIDTH, DIM,
+                          LAYOUT_DS)
     elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
         tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)
+
+
+@triton.jit
+def _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
+                          t0, num_tokens, x_stride, w_stride, fault, one, wbase, writes, d,
+                          K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                          X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr, SILU: tl.constexpr,
+                          W_PACKED: tl.constexpr):
+    """:func:`_one_token` for a launch of fewer than :data:`LATENCY_BELOW` rows, where the
+    time is latency: every program runs it, with no branch (``one``: the row has one
+    token; the stores are masked by it and by the row's fault). ptxas keeps a load below
+    the branch its value is used behind, which put the window's loads about 100
+    instructions after the ids' arrival, and the taps' behind it (benchmarks/README.md,
+    "The window ahead of the row's checks"). The same bits as :func:`_one_token`."""
+    h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
+                                       x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
+    w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
+    acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
+    dm = (d < DIM) & one
+    clean = fault == 0
+    # a faulty row's y is 0 (not written where its cu_seqlens entries are bad)
+    tl.store(y_ptr + t0 * DIM + d, tl.where(clean, acc, 0).to(y_ptr.dtype.element_ty),
+             mask=dm & (clean | ((fault & BAD_CU_SEQLENS) == 0)))
+    _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes & clean, d, K, WIDTH, DIM,
+                      LAYOUT_DS)
 
 
 @same_binary_jit
@@ -244,6 +309,17 @@ def conv1d_update_kernel(
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
                     wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
                     LAYOUT_DS, SILU)
+    elif LATENCY:  # a one-token row's work in every program, then the other rows'
+        _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off,
+                              has_hist, t0, num_tokens, x_stride, w_stride, fault, n == 1,
+                              aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
+                              (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH,
+                              DIM, X_ALIGN, LAYOUT_DS, SILU, W_PACKED)
+        if n != 1:
+            _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
+                        t0, n, spec, num_tokens, layer_offset, block_stride, x_stride,
+                        w_stride, fault, wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD,
+                        TILE_D, BLOCK_T, LAYOUT_DS, SILU)
     elif n == 1:  # one token (a decode row): each input loaded once
         _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                    num_tokens, x_stride, w_stride, fault,

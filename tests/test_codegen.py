@@ -219,7 +219,8 @@ def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):
 
 
 def load_order(*args: str):
-    """``benchmarks/sass_load_order.py``'s lines for a launch: ``(round trips, load)``."""
+    """``benchmarks/sass_load_order.py``'s lines for a launch: ``(round trips, load or
+    branch)``."""
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "sass_load_order.py")
     env = dict(os.environ, TRITON_INTERPRET="0")
     r = subprocess.run([sys.executable, script, *args], env=env, capture_output=True,
@@ -253,3 +254,16 @@ def test_a_one_row_launch_issues_the_state_before_the_first_tokens_inputs():
     state = [i for i, (_, text) in enumerate(loads) if ".128" in text and min(base) in text]
     assert len(state) == 8, loads
     assert all(i in state for i, (d, _) in enumerate(loads[:state[-1] + 1]) if d > 0), loads
+
+
+@pytest.mark.parametrize("layout,rows", [("SD", "1"), ("SD", "16"), ("DS", "1")])
+def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows):
+    # below LATENCY_BELOW rows a one-token row's window, token and taps load with no branch
+    # ahead of them, one round trip after the ids: the branch to the one-token path had
+    # kept them about 100 instructions behind the ids' arrival (benchmarks/README.md, "The
+    # window ahead of the row's checks")
+    lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1")
+    window = [i for i, (_, text) in enumerate(lines) if "LDG.E.EF" in text]
+    assert len(window) == 3, lines  # K - 1 = 3 history rows
+    assert not any("BRA" in text for _, text in lines[:window[-1]]), lines
+    assert max(d for d, text in lines if "LDG" in text) == 1, lines
