@@ -12,6 +12,9 @@ K = 4, bf16 DS pool ``[L, NB, D, K - 1 + S]``, SiLU. S = 3. Batches B = 1, 16, 6
 - ``step``: pre-copy against copy-free for B crossing decode rows: the two copies plus both
   kernels, against both kernels reading the old column.
 
+Op ``conv_sd``: the conv update on the same windows in an SD pool ``[L, NB, K - 1 + S, D]``
+(ours, torch and JAX; its fla columns are fla's on the DS rows' caches).
+
 Methods: ``ours`` (torch, CUDA-graph replay), ``ours_jax`` (jitted, pool donated; device
 time from a profiler trace), ``fla`` (fla's kernel on contiguous states, as its docs call
 it: keywords, ``state_v_first=True`` for the ``[V, K]`` layout), ``fla_pooled`` (what a pool
@@ -183,7 +186,8 @@ def conv_sd_rows(s, c: Case, rec, label: str) -> None:
 
 
 #: the Triton kernels the JAX rows launch, by the names a profiler trace gives them
-KERNEL_NAMES = {"gdn": "gated_delta_rule_fused_gates_kernel", "conv": "conv1d_update_kernel"}
+KERNEL_NAMES = {"gdn": "gated_delta_rule_fused_gates_kernel", "conv": "conv1d_update_kernel",
+                "conv_sd": "conv1d_update_kernel"}
 
 
 def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> None:
@@ -206,10 +210,11 @@ def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> Non
     # while capturing: the jitted call holds the launch alone (and what XLA adds to it)
     groups = {"gdn": [(J(rb), J(wbs)) for rb, wbs, _ in c.sets],
               "conv": [(J(rb), J(wb)) for rb, wb in c.csets]}
+    groups["conv_sd"] = groups["conv"]
     # every array an argument: XLA would fold a uniform array the function closed over
     # (is_spec, the read offsets) into a broadcast kernel run on every call
     gdn_in = [J(x) for x in (c.q, c.k, c.v, c.a, c.b, c.A_log, c.dt_bias, c.cu, c.is_spec)]
-    conv_in = [J(x) for x in (c.x, c.w, c.cb, c.cu, c.off, c.is_spec)]
+    conv_args = [J(x) for x in (c.x, c.w, c.cb, c.cu, c.off, c.is_spec)]
 
     @functools.partial(jax.jit, donate_argnums=(0,))
     def gdn(carry, group, q, k, v, a, b, A_log, dt_bias, cu, spec):  # noqa: N803
@@ -219,16 +224,23 @@ def jax_rows(s, c: Case, rec, small: bool, records: List[Dict[str, Any]]) -> Non
                                                 use_qk_l2norm=True)
         return (out["pool"], out["errors"]), out["o"]
 
-    @functools.partial(jax.jit, donate_argnums=(0,))
-    def conv(carry, group, x, w, cb, cu, off, spec):
-        p, e = carry
-        out = jops.conv1d_update(p, e, x, w, cb, cu, group[0], off, group[1], spec, layer=1,
-                                 layout="DS")
-        return (out["pool"], out["errors"]), out["y"]
+    def conv_in(layout):
+        @functools.partial(jax.jit, donate_argnums=(0,))
+        def conv(carry, group, x, w, cb, cu, off, spec):
+            p, e = carry
+            out = jops.conv1d_update(p, e, x, w, cb, cu, group[0], off, group[1], spec,
+                                     layer=1, layout=layout)
+            return (out["pool"], out["errors"]), out["y"]
+        return conv
 
-    for name, fn, pool, args, ref in (("gdn", gdn, c.pool, gdn_in, lambda: c.gdn_ref(0)[0]),
-                                      ("conv", conv, c.cpool, conv_in, lambda: c.conv_ref(0))):
-        carry = (J(pool), jnp.asarray(np.array([0, 2**31 - 1], np.int32)))
+    assert c.conv_layout == "DS"  # (conv_sd_rows moves the torch rows to an SD pool after)
+    # op "conv_sd": the same windows in an SD pool, as conv_sd_rows times them from torch
+    for name, fn, pool, args, ref in (
+            ("gdn", gdn, lambda: c.pool, gdn_in, lambda: c.gdn_ref(0)[0]),
+            ("conv", conv_in("DS"), lambda: c.cpool, conv_args, lambda: c.conv_ref(0)),
+            ("conv_sd", conv_in("SD"), lambda: c.cpool.transpose(2, 3).contiguous(),
+             conv_args, lambda: c.conv_ref(0))):
+        carry = (J(pool()), jnp.asarray(np.array([0, 2**31 - 1], np.int32)))
         carry, out = fn(carry, groups[name][0], *args)  # group 0: the reference's blocks
         check(f"ours_jax {name} B={B}", torch.as_tensor(np.asarray(out[:T], np.float32)),
               ref(), 2e-2)

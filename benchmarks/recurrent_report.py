@@ -160,6 +160,12 @@ def recurrent_md(results: Path) -> str:
                                                               "ms"))) for B in every],
                    lambda v: v >= JAX_VS_TORCH_PCT, pct)]
            if any(m == "ours_jax_kernel" for _, m, _, _ in rec) else []),
+         *[target("JAX ≥ %.0f %% of torch (device time), conv decode, %s pool"
+                  % (JAX_VS_TORCH_PCT, layout),
+                  [_pct(ratio((op, "ours", B, 1, "ms"), (op, "ours_jax", B, 1, "ms")))
+                   for B in every], lambda v: v >= JAX_VS_TORCH_PCT, pct)
+           for op, layout in (("conv", "DS"), ("conv_sd", "SD"))
+           if any(o == op and m == "ours_jax" for o, m, _, _ in rec)],
          target("copy-free per step / pre-copy per step ≤ 1",
                 [ratio(("step", "copy_free", B, 1, "ms"), ("step", "pre_copy", B, 1, "ms"))
                  for B in every], lambda v: v <= 1.0, (".2f", ""))]

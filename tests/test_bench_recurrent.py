@@ -18,5 +18,8 @@ def test_small_run_writes_every_op(tmp_path):
     assert {("gdn", "ours"), ("conv", "ours"), ("conv_sd", "ours"), ("prefill", "ours"),
             ("step", "pre_copy"),
             ("step", "copy_free")} <= seen
+    import torch
+    if torch.cuda.is_available():  # the JAX rows, on both conv pools
+        assert {("gdn", "ours_jax"), ("conv", "ours_jax"), ("conv_sd", "ours_jax")} <= seen
     assert all(x["ms"] > 0 for x in data["records"])
     assert (tmp_path / "recurrent_h200.md").read_text().startswith("Copy ceiling")
