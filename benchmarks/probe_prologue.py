@@ -39,10 +39,11 @@ def main() -> None:
     ap.add_argument("--label", default="current")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--batches", default="1,16,64,256", help="decode batches, comma-separated")
-    ap.add_argument("--gdn-only", action="store_true",
-                    help="the gated delta rule at decode only: no conv, spec or fla rows")
-    ap.add_argument("--conv-only", action="store_true",
-                    help="the conv update at decode only (and fla's): no gated delta rule")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--gdn-only", action="store_true",
+                      help="the gated delta rule at decode only: no conv, spec or fla rows")
+    only.add_argument("--conv-only", action="store_true",
+                      help="the conv update at decode only (and fla's): no gated delta rule")
     args = ap.parse_args()
     dev = torch.device("cuda")
     s = shapes(False)

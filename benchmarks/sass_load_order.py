@@ -35,6 +35,7 @@ from mamba_align.kernels.codegen import compile_ptx  # noqa: E402
 
 NO_DEST = ("ST", "RED.", "REDG", "BRA", "EXIT", "BAR", "MEMBAR", "ERRBAR", "CGAERRBAR",
            "CCTL", "BSSY", "BSYNC", "WARPSYNC", "NOP", "YIELD", "CALL", "RET")
+CONTROL = ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")  # listed with the loads
 TWO_DESTS = ("ISETP", "UISETP", "FSETP", "DSETP", "HSETP2", "PLOP3", "UPLOP3")
 
 
@@ -54,9 +55,9 @@ def _registers(operand: str, width: int = 1) -> List[str]:
 
 def load_depths(code: str) -> List[Tuple[int, int, str]]:
     """``(instruction index, round trips waited behind, instruction)`` for every global
-    load and every branch before the first global store, in the order of the code
-    (branches are not followed: this is the fall-through path; a branch's round trips are
-    those its issue waits behind)."""
+    load and every control-flow instruction (``CONTROL``: branches, jumps, a predicated
+    exit) before the first global store, in the order of the code (branches are not
+    followed: this is the fall-through path)."""
     ready: Dict[str, int] = {}
     issue, loads = 0, []
     for line in code.splitlines():
@@ -76,7 +77,7 @@ def load_depths(code: str) -> List[Tuple[int, int, str]]:
                    for r in _registers(o, 2 if ".WIDE" in op and i == len(operands) - 1 else 1)]
         sources += _registers(pred.group(1)) if pred else []
         issue = max([issue] + [ready.get(r, 0) for r in sources])
-        if op.startswith(("LDG", "BRA")):
+        if op.startswith(("LDG",) + CONTROL):
             loads.append((index, issue, text))
         for r in dests:
             ready[r] = issue + 1 if op.startswith("LDG") else issue

@@ -3,9 +3,9 @@ conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv
 
 One program per (row, channel tile), both on grid axis 0. A row of one token (a decode
 row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
-stores the new window from registers (``_one_token``; below ``LATENCY_BELOW`` rows
-``_one_token_unbranched``, which every program runs, its stores masked off on other
-rows). Any other row (``_tiled_rows``)
+stores the new window from registers (``_one_token``; in a decode batch of fewer than
+``LATENCY_BELOW`` rows ``_one_token_unbranched``, which every program runs, its stores
+masked off on other rows). Any other row (``_tiled_rows``)
 first loads its new window (from its read block at its read offset and from ``x``), then
 computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then, after a
 barrier, stores the window to the write block (which may be the read block). Both sum in
@@ -36,10 +36,11 @@ DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte windo
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 #: below this many rows the program is laid out for latency: its tile count is a constant
 #: (the program id splits without a runtime division), a row posts its fault after its
-#: work and a one-token row's loads have no branch ahead of them, so ptxas issues them
-#: sooner; from this many rows on, the 512-channel program would then hold 98 registers
-#: instead of 64 (benchmarks/README.md, "The rows' first loads" and "The window ahead of
-#: the row's checks")
+#: work and, in a decode batch (``UNBRANCHED``), a one-token row's loads have no branch
+#: ahead of them, so ptxas issues them sooner; from this many rows on, the 512-channel
+#: program would then hold 88-98 registers instead of 64 and was slower
+#: (benchmarks/README.md, "The rows' first loads" and "The window ahead of the row's
+#: checks")
 LATENCY_BELOW = 64
 NUM_WARPS = 4
 
@@ -199,7 +200,7 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
                num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
                WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
                LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr):
-    """A row of one token (``K <= 4``) in a launch of :data:`LATENCY_BELOW` rows or more:
+    """A row of one token (``K <= 4``), outside a small decode batch (``UNBRANCHED``):
     each input loaded once and held, the output summed as the tiled path sums it, and the
     new window stored from registers. A lane stores only the channels it loaded, after
     loading them (a data dependence), so the window may be rewritten in place without a
@@ -224,12 +225,13 @@ def _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, o
                           K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
                           X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr, SILU: tl.constexpr,
                           W_PACKED: tl.constexpr):
-    """:func:`_one_token` for a launch of fewer than :data:`LATENCY_BELOW` rows, where the
-    time is latency: every program runs it, with no branch (``one``: the row has one
-    token; the stores are masked by it and by the row's fault). ptxas keeps a load below
-    the branch its value is used behind, which put the window's loads about 100
-    instructions after the ids' arrival, and the taps' behind it (benchmarks/README.md,
-    "The window ahead of the row's checks"). The same bits as :func:`_one_token`."""
+    """:func:`_one_token` for a decode batch of fewer than :data:`LATENCY_BELOW` rows
+    (``UNBRANCHED``), where the time is latency: every program runs it, with no branch
+    (``one``: the row has one token; the stores are masked by it and by the row's fault).
+    ptxas keeps a load below the branch its value is used behind, which put the window's
+    loads about 100 instructions after the ids' arrival, and the taps' behind it
+    (benchmarks/README.md, "The window ahead of the row's checks"). The same bits as
+    :func:`_one_token`."""
     h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
                                        x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
     w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
@@ -277,6 +279,7 @@ def conv1d_update_kernel(
     SILU: tl.constexpr,
     W_PACKED: tl.constexpr,  # weight: four 2-byte taps in rows of 4 (aligned 8-byte words)
     LATENCY: tl.constexpr,  # a small batch (LATENCY_BELOW)
+    UNBRANCHED: tl.constexpr,  # a small decode batch: _one_token_unbranched
 ):
     pid = tl.program_id(0).to(tl.int64)
     if LATENCY:
@@ -309,7 +312,7 @@ def conv1d_update_kernel(
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
                     wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
                     LAYOUT_DS, SILU)
-    elif LATENCY:  # a one-token row's work in every program, then the other rows'
+    elif UNBRANCHED:  # a one-token row's work in every program, then the other rows'
         _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off,
                               has_hist, t0, num_tokens, x_stride, w_stride, fault, n == 1,
                               aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
@@ -474,7 +477,10 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     "W_PAD": next_pow2(width),
                     "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
-                    "W_PACKED": packed, "LATENCY": rows < LATENCY_BELOW},
+                    "W_PACKED": packed, "LATENCY": rows < LATENCY_BELOW,
+                    # in a spec batch the one-token work's loads would delay a longer row's
+                    # (benchmarks/README.md, "The window ahead of the row's checks")
+                    "UNBRANCHED": rows < LATENCY_BELOW and x.shape[0] <= rows},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -152,18 +152,26 @@ def test_taps_are_packed_only_as_four_2_byte_taps_in_rows_of_4():
 
 @pytest.mark.parametrize("layout", ["SD", "DS"])
 @pytest.mark.parametrize("ksize", [2, 3, 4, 5])
-def test_one_token_rows_at_every_kernel_size(backend, layout, ksize):
+@pytest.mark.parametrize("pad", [0, 2, kconv.LATENCY_BELOW])
+def test_one_token_rows_at_every_kernel_size(backend, layout, ksize, pad):
     # one-token rows take their own path for K <= 4 (kernels/conv1d.py, _one_token), K = 5
     # the tiled one: in place at offset 0 (every row it reads is rewritten), another
     # block, no history, in place at offset 1 after a 3-token row, no write, a spec row of
-    # one token, a faulty row (offset past W - K + 1); 300 channels: two or three programs
+    # one token, a faulty row (offset past W - K + 1); 300 channels: two or three programs.
+    # pad: rows without tokens after them, for each form of the one-token path: a small
+    # batch of more tokens than rows (0), a small decode batch (2: _one_token_unbranched),
+    # a large batch (LATENCY_BELOW)
     rng = np.random.default_rng(20 + ksize)
     width, D = ksize - 1 + S, 300
     shape = (L, NB, width, D) if layout == "SD" else (L, NB, D, width)
     pool = rng.normal(size=shape).astype(np.float32)
-    cu = np.array([0, 1, 2, 3, 6, 7, 8])
-    rb, off = np.array([2, 3, -1, 4, 5, 6]), np.array([0, 0, 0, 1, 1, S + 1])
-    wb, spec = np.array([2, 1, 7, 4, -1, 6]), np.array([0, 0, 0, 0, 1, 0])
+    cu = np.array([0, 1, 2, 3, 6, 7, 8] + [8] * pad)
+    rb = np.array([2, 3, -1, 4, 5, 6] + [-1] * pad)
+    off = np.array([0, 0, 0, 1, 1, S + 1] + [0] * pad)
+    wb = np.array([2, 1, 7, 4, -1, 6] + [-1] * pad)
+    spec = np.array([0, 0, 0, 0, 1, 0] + [0] * pad)
+    plan = conv_plan("SD", "float32", D, len(rb), 8).constexprs
+    assert (plan["LATENCY"], plan["UNBRANCHED"]) == (pad < kconv.LATENCY_BELOW, pad == 2)
     x, w, cb = (rng.normal(size=s).astype(np.float32) for s in ((8, D), (D, ksize), (D,)))
     args = (pool, x, w, cb, cu, rb, off, wb, spec)
     y, out, err = backend.conv1d_update(*args, layer=1, layout=layout)
@@ -201,10 +209,11 @@ def test_a_one_token_row_gives_the_bits_of_a_longer_rows_first_token(device_back
         np.testing.assert_array_equal(y[2], y[0])
 
 
-@pytest.mark.parametrize("pad", [0, kconv.LATENCY_BELOW])
+@pytest.mark.parametrize("pad", [0, 3, kconv.LATENCY_BELOW])
 def test_faulty_rows_are_flagged_and_write_nothing(backend, pad):
     # pad: clean rows without tokens after the five, so that the rows post their faults
-    # after their work (a small batch: LATENCY) or before it: the same flags either way
+    # after their work (a small batch: LATENCY; with 3, a decode batch: UNBRANCHED) or
+    # before it: the same flags either way
     rng = np.random.default_rng(4)
     pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
     pool[:] = SENTINEL
@@ -214,8 +223,8 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend, pad):
     # write block below -1; a good row
     rb, off = np.array([NB, 1, 2, 3, 4] + [-1] * pad), np.array([0, S + 1, 0, 0, 0] + [0] * pad)
     wb, spec = np.array([5, 5, 5, -2, 6] + [-1] * pad), np.array([0, 0, 1, 0, 0] + [0] * pad)
-    rows = len(rb)
-    assert conv_plan("SD", "float32", 16, rows, 8).constexprs["LATENCY"] == (pad == 0)
+    plan = conv_plan("SD", "float32", 16, len(rb), 8).constexprs
+    assert (plan["LATENCY"], plan["UNBRANCHED"]) == (pad < kconv.LATENCY_BELOW, pad == 3)
     y, out, err = backend.conv1d_update(pool, x[:8], w, cb, cu, rb, off, wb, spec, layer=1,
                                         layout="SD")
     ry, rout, rerr = make_backend("reference").conv1d_update(pool, x[:8], w, cb, cu, rb, off,
