@@ -85,7 +85,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", type=int, nargs="*", default=[96, 80, 72, 64])
     args = ap.parse_args()
-    version = subprocess.run([os.path.join(BIN, "ptxas"), "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([os.path.join(BIN, "ptxas"), "--version"], capture_output=True,
+                             text=True).stdout
     print(f"triton {triton.__version__}; {version.strip().splitlines()[-2]}")
     for win in (4, 1):
         for cap in [0] + args.caps:

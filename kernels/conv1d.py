@@ -4,13 +4,12 @@ conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv
 One program per (row, channel tile), both on grid axis 0. A row of one token (a decode
 row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
 stores the new window from registers (``_one_token``; in a decode batch of fewer than
-``LATENCY_BELOW`` rows ``_one_token_unbranched``, which every program runs, its stores
-masked off on other rows). Any other row (``_tiled_rows``)
-first loads its new window (from its read block at its read offset and from ``x``), then
-computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then, after a
-barrier, stores the window to the write block (which may be the read block). Both sum in
-fp32 the ``K`` taps in order, then the conv bias: the same order whatever the path, batch
-or tile, so a row's bits do not depend on them.
+``LATENCY_BELOW`` rows every program runs it, its stores masked off on other rows). Any
+other row (``_tiled_rows``) first loads its new window (from its read block at its read
+offset and from ``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T``
+tokens, and only then, after a barrier, stores the window to the write block (which may
+be the read block). Both sum in fp32 the ``K`` taps in order, then the conv bias: the
+same order whatever the path, batch or tile, so a row's bits do not depend on them.
 """
 
 from __future__ import annotations
@@ -197,18 +196,35 @@ def _one_token_window(out, h1, h2, xv, mask, d, K: tl.constexpr, WIDTH: tl.const
 
 @triton.jit
 def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
-               num_tokens, x_stride, w_stride, fault, wbase, writes, d, K: tl.constexpr,
+               num_tokens, x_stride, w_stride, fault, one, wbase, writes, d, K: tl.constexpr,
                WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
-               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr):
-    """A row of one token (``K <= 4``), outside a small decode batch (``UNBRANCHED``):
-    each input loaded once and held, the output summed as the tiled path sums it, and the
-    new window stored from registers. A lane stores only the channels it loaded, after
-    loading them (a data dependence), so the window may be rewritten in place without a
-    barrier."""
+               LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr,
+               UNBRANCHED: tl.constexpr):
+    """A row of one token (``K <= 4``): each input loaded once and held, the output summed
+    as the tiled path sums it, and the new window stored from registers. A lane stores
+    only the channels it loaded, after loading them (a data dependence), so the window may
+    be rewritten in place without a barrier.
+
+    With ``UNBRANCHED`` (a small decode batch, where the time is latency) every program
+    runs it, with no branch: ``one`` says whether the row has one token, and the stores
+    are masked by it and by the row's fault. ptxas keeps a load below the branch its value
+    is used behind, which put the window's loads about 100 instructions after the ids'
+    arrival, and the taps' behind them (benchmarks/README.md, "The window ahead of the
+    row's checks"). Otherwise only a one-token row runs it (``one`` is true)."""
     dm = d < DIM
     h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
                                        x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
     w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
+    if UNBRANCHED:
+        acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
+        dm = dm & one
+        clean = fault == 0
+        # a faulty row's y is 0 (not written where its cu_seqlens entries are bad)
+        tl.store(y_ptr + t0 * DIM + d, tl.where(clean, acc, 0).to(y_ptr.dtype.element_ty),
+                 mask=dm & (clean | ((fault & BAD_CU_SEQLENS) == 0)))
+        _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes & clean, d, K, WIDTH,
+                          DIM, LAYOUT_DS)
+        return
     y_at = y_ptr + t0 * DIM + d
     if fault == 0:
         acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
@@ -217,32 +233,6 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
                           LAYOUT_DS)
     elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
         tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)
-
-
-@triton.jit
-def _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
-                          t0, num_tokens, x_stride, w_stride, fault, one, wbase, writes, d,
-                          K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
-                          X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr, SILU: tl.constexpr,
-                          W_PACKED: tl.constexpr):
-    """:func:`_one_token` for a decode batch of fewer than :data:`LATENCY_BELOW` rows
-    (``UNBRANCHED``), where the time is latency: every program runs it, with no branch
-    (``one``: the row has one token; the stores are masked by it and by the row's fault).
-    ptxas keeps a load below the branch its value is used behind, which put the window's
-    loads about 100 instructions after the ids' arrival, and the taps' behind it
-    (benchmarks/README.md, "The window ahead of the row's checks"). The same bits as
-    :func:`_one_token`."""
-    h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
-                                       x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
-    w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
-    acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
-    dm = (d < DIM) & one
-    clean = fault == 0
-    # a faulty row's y is 0 (not written where its cu_seqlens entries are bad)
-    tl.store(y_ptr + t0 * DIM + d, tl.where(clean, acc, 0).to(y_ptr.dtype.element_ty),
-             mask=dm & (clean | ((fault & BAD_CU_SEQLENS) == 0)))
-    _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes & clean, d, K, WIDTH, DIM,
-                      LAYOUT_DS)
 
 
 @same_binary_jit
@@ -279,7 +269,7 @@ def conv1d_update_kernel(
     SILU: tl.constexpr,
     W_PACKED: tl.constexpr,  # weight: four 2-byte taps in rows of 4 (aligned 8-byte words)
     LATENCY: tl.constexpr,  # a small batch (LATENCY_BELOW)
-    UNBRANCHED: tl.constexpr,  # a small decode batch: _one_token_unbranched
+    UNBRANCHED: tl.constexpr,  # a small decode batch, K <= 4 (see _one_token)
 ):
     pid = tl.program_id(0).to(tl.int64)
     if LATENCY:
@@ -313,11 +303,11 @@ def conv1d_update_kernel(
                     wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
                     LAYOUT_DS, SILU)
     elif UNBRANCHED:  # a one-token row's work in every program, then the other rows'
-        _one_token_unbranched(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off,
-                              has_hist, t0, num_tokens, x_stride, w_stride, fault, n == 1,
-                              aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
-                              (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH,
-                              DIM, X_ALIGN, LAYOUT_DS, SILU, W_PACKED)
+        _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+                   num_tokens, x_stride, w_stride, fault, n == 1,
+                   aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
+                   (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
+                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED, UNBRANCHED)
         if n != 1:
             _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                         t0, n, spec, num_tokens, layer_offset, block_stride, x_stride,
@@ -325,10 +315,10 @@ def conv1d_update_kernel(
                         TILE_D, BLOCK_T, LAYOUT_DS, SILU)
     elif n == 1:  # one token (a decode row): each input loaded once
         _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
-                   num_tokens, x_stride, w_stride, fault,
+                   num_tokens, x_stride, w_stride, fault, True,
                    aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
                    (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
-                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED)
+                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED, UNBRANCHED)
     else:
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
@@ -474,13 +464,14 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         out_specs={"y": Output(x.shape, x.dtype)},
         constexprs={"K": ksize, "WIDTH": width, "DIM": dim,
                     "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
-                    "W_PAD": next_pow2(width),
-                    "TILE_D": tile, "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
+                    "W_PAD": next_pow2(width), "TILE_D": tile,
+                    "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
                     "W_PACKED": packed, "LATENCY": rows < LATENCY_BELOW,
                     # in a spec batch the one-token work's loads would delay a longer row's
                     # (benchmarks/README.md, "The window ahead of the row's checks")
-                    "UNBRANCHED": rows < LATENCY_BELOW and x.shape[0] <= rows},
+                    "UNBRANCHED": (ksize <= 4 and rows < LATENCY_BELOW
+                                   and x.shape[0] <= rows)},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

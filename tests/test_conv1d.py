@@ -159,7 +159,7 @@ def test_one_token_rows_at_every_kernel_size(backend, layout, ksize, pad):
     # block, no history, in place at offset 1 after a 3-token row, no write, a spec row of
     # one token, a faulty row (offset past W - K + 1); 300 channels: two or three programs.
     # pad: rows without tokens after them, for each form of the one-token path: a small
-    # batch of more tokens than rows (0), a small decode batch (2: _one_token_unbranched),
+    # batch of more tokens than rows (0), a small decode batch (2: UNBRANCHED),
     # a large batch (LATENCY_BELOW)
     rng = np.random.default_rng(20 + ksize)
     width, D = ksize - 1 + S, 300
