@@ -172,6 +172,16 @@ def recurrent_md(results: Path) -> str:
     lines += ["", "### Targets", "", "| target | measured (B = " +
               ", ".join(str(b) for b in shp["batches"]) + " where listed) | |", "|---|---|---|"]
     lines += [f"| {name} | {got} | {_mark(ok)} |" for name, got, ok in t]
+    # our time is at least the state bytes over the copy ceiling, and fla pooled's TB/s
+    # counts the same bytes: the ratio no kernel of ours could pass in this run
+    bound = [val("gdn", "fla_pooled", B) for B in big]
+    if bound and all(bound):
+        ceiling = h["ceiling"]["tbps"]
+        lines += ["", "A kernel running at this run's copy ceiling (%.2f TB/s) would be at most "
+                  "%s fla pooled (`index_select` / `index_copy_`) at B = %s: the ceiling over "
+                  "fla pooled's rate in the same state bytes." % (
+                      ceiling, ", ".join("%.2fx" % (ceiling / b) for b in bound),
+                      ", ".join(str(B) for B in big))]
     if probe:
         lines += ["", *conv_probe_md(probe, _shown(probe_path), target)]
     lines += ["", "What limits the missed ones: benchmarks/README.md (\"Recurrent kernels\").", "",
