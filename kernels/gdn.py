@@ -351,7 +351,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     win = write_blocks.shape[1]
     if win < 1:
         raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale < 0:
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
         raise ValueError(f"scale must be a float >= 0 (0: K^-1/2), got {scale!r}")
     bv = min(BV, next_pow2(V))
     tiles = cdiv(V, bv)

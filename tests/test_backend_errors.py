@@ -290,6 +290,44 @@ def test_jax_int64_state_without_x64_is_refused_clearly():
     assert np.asarray(out.state_idx).tolist() == [1, -1, -1, -1]
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="with x64 int64 ids are kept")
+@pytest.mark.parametrize("bad", [2**32 + 1, -(2**32) - 1, 2**40])
+def test_jax_int64_ids_outside_int32_stay_bad_without_x64(bad):
+    # 2**32 + 1 would wrap to block 1 and -2**32 - 1 to -1 ("none"): saturated, they stay
+    # out of range, and JAX flags and skips the rows as torch does
+    from mamba_align.core import decode_errors
+
+    def run(name, op, pool, floats, ids, **opts):
+        # the ids as NumPy int64 arrays, as users pass them (torch: int64 tensors)
+        a = Args(name)
+        pool, err = a.f32(*pool), a.err()
+        ids = [np.array(v, np.int64) for v in ids]
+        if name == "torch":
+            getattr(tops, op + "_")(pool, err, *floats,
+                                    *[torch.as_tensor(v, device=DEV) for v in ids], **opts)
+            pool, err = pool.cpu(), err.cpu()
+        else:
+            out = getattr(mj.ops, op)(pool, err, *floats, *ids, **opts)
+            pool, err = out["pool"], out["errors"]
+        return np.asarray(pool).tolist(), decode_errors(np.asarray(err))
+
+    def launches(name):
+        a = Args(name)
+        xs = [a.f32(1, 2), a.f32(2, 4), a.f32(2)]  # x, weight, bias
+        conv = lambda cu, wb: run(name, "conv1d_update", (1, 4, 3, 2), xs,  # noqa: E731
+                                  [cu, [1], [0], wb, [0]], layer=0, layout="SD")
+        return [run(name, "copy_temporal", (1, 4, 2), [], [[bad], [2]]),
+                conv([0, 1], [bad]),  # the write block
+                conv([0, bad], [2])]  # the row's cu_seqlens
+
+    torch_out, jax_out = launches("torch"), launches("jax")
+    assert jax_out == torch_out
+    untouched = (np.asarray(Args("jax").f32(1, 4, 2)).tolist(),
+                 np.asarray(Args("jax").f32(1, 4, 3, 2)).tolist())
+    assert [p for p, _ in jax_out] == [untouched[0], untouched[1], untouched[1]]
+    assert all(faults for _, faults in jax_out)  # every launch flagged
+
+
 def test_jax_gradients_through_the_ops_raise():
     pool = jnp.ones((1, 4, 2, 2))
     src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)

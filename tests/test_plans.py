@@ -123,3 +123,12 @@ def test_slot_arrays_past_int32_are_refused(op):
     huge = K.ArraySpec.row_major((2**31,), "int64")
     with pytest.raises(ValueError, match="fewer than 2\\*\\*31 slots"):
         sample_plan(op, state_idx=huge, acc=huge, num_computed=huge)
+
+
+@pytest.mark.parametrize("op", [K.GATED_DELTA_RULE, K.GATED_DELTA_RULE_FUSED_GATES],
+                         ids=lambda op: op.name)
+@pytest.mark.parametrize("scale", [-1.0, float("nan")])
+def test_a_negative_or_nan_scale_is_refused(op, scale):
+    # NaN fails every comparison: "scale < 0" let it through, and "0: K^-1/2" took it
+    with pytest.raises(ValueError, match="scale must be a float >= 0"):
+        sample_plan(op, scale=scale)

@@ -15,6 +15,7 @@ from typing import Any, Dict, Mapping, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ... import kernels as K
 from .bridge import launch as launch_plan
@@ -33,13 +34,20 @@ def spec(name: str, x: Any) -> K.ArraySpec:
 
 def _as_jax(name: str, x: Any, in_place: bool) -> Array:
     """``x`` as a JAX array of the dtype the kernel sees. Without ``jax_enable_x64`` JAX
-    stores 64-bit values in 32 bits: harmless for ids and counts read once, but an array
-    updated in place would come back narrower than it went in, so that is refused."""
+    stores 64-bit values in 32 bits. An array updated in place would come back narrower
+    than it went in, so that is refused. Integers read once (ids, counts, ``cu_seqlens``)
+    are saturated to the 32-bit range, not wrapped: a value outside it is outside every
+    range the kernels accept, and stays so (a wrapped id could name a valid block)."""
     want = jax.dtypes.canonicalize_dtype(x.dtype)
     if want != x.dtype and in_place:
         raise TypeError(f"{name} is {x.dtype}, which JAX without jax_enable_x64 keeps as "
                         f"{want}: pass {want} arrays or enable x64")
-    return x if isinstance(x, jax.Array) and want == x.dtype else jnp.asarray(x, want)
+    if isinstance(x, jax.Array) and want == x.dtype:
+        return x
+    if want != x.dtype and np.issubdtype(want, np.integer):
+        lo, hi = np.iinfo(want).min, np.iinfo(want).max
+        x = np.clip(np.asarray(x), lo, hi)
+    return jnp.asarray(x, want)
 
 
 def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) -> Dict[str, Array]:
