@@ -1,5 +1,5 @@
-"""Three changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
-it, one for NumPy 2.5, one for batch invariance on every CPU.
+"""Four changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
+it, one for NumPy 2.5, one for batch invariance on every CPU, one for the bits of bfloat16.
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch
 starts and restores them when it ends. A call of a ``@triton.jit`` helper from inside a
@@ -24,6 +24,14 @@ never depends on the other rows, :mod:`.dense`) then held on some CPUs only.
 float64 (exact for float32 and narrower) and sum each output over ``K`` on its own (no
 BLAS), rounded once to the accumulator's dtype before it is added, as before. Compiled
 kernels are untouched.
+
+The interpreter narrows float32 to bfloat16 by dropping the low 16 bits (its
+round-to-nearest mode, for an explicit ``fp_downcast_rounding="rtne"``, rounds ties up
+and ORs a mantissa's carry into the exponent; its subnormals come out wrong), while a
+compiled kernel rounds to nearest even (``cvt.rn`` in the PTX), as torch and the
+references do. A bfloat16 pool or output then held other bits on the CPU than on the GPU.
+:func:`install` makes float32 to bfloat16 round to nearest even, or toward zero when
+``"rtz"`` is asked for; a NaN stays a quiet NaN of its sign.
 
 Written for Triton 3.6.
 """
@@ -66,9 +74,39 @@ def _row_invariant_dot(dot):
     return create_dot
 
 
+def _bf16_bits(x, nearest: bool = True) -> np.ndarray:
+    """float32 ``x`` as bfloat16 bits: rounded to nearest, ties to even (an overflow
+    rounds to inf), or toward zero; a NaN stays a quiet NaN of its sign."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 if nearest else u >> 16
+    return np.where(np.isnan(x), (u >> 16) | 0x40, bits).astype(np.uint16)
+
+
+def _rounding_casts(cast, fp_to_fp):
+    """The interpreter's ``cast_impl`` and ``create_fp_to_fp`` with float32 to bfloat16
+    rounded to nearest even, or toward zero when asked (subnormals included)."""
+    def narrows(src, dst_type):
+        return src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16
+
+    def cast_impl(self, src, dst_type):
+        if narrows(src, dst_type):
+            return _interpreter.TensorHandle(_bf16_bits(src.data), dst_type.scalar)
+        return cast(self, src, dst_type)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if narrows(src, dst_type):
+            nearest = rounding_mode != tl.core.ir.ROUNDING_MODE.RTZ
+            return _interpreter.TensorHandle(_bf16_bits(src.data, nearest), dst_type.scalar)
+        return fp_to_fp(self, src, dst_type, rounding_mode)
+
+    cast_impl.rounds_to_nearest = True
+    return cast_impl, create_fp_to_fp
+
+
 def install() -> bool:
     """Make helper calls during a launch skip the redundant swap, every swap set
-    :func:`_index` as the tensors' ``__index__``, and ``tl.dot`` sum each row without BLAS;
+    :func:`_index` as the tensors' ``__index__``, ``tl.dot`` sum each row without BLAS, and
+    float32 round to the nearest bfloat16;
     ``False`` if this Triton's interpreter is not the one this was written for (nothing
     changed), or it is already installed."""
     patch = getattr(_interpreter, "_patch_lang", None)
@@ -77,7 +115,8 @@ def install() -> bool:
     builder = getattr(_interpreter, "InterpreterBuilder", None)
     if (not triton.__version__.startswith("3.6.") or patch is None or scope is None
             or launcher is None or builder is None or not hasattr(builder, "create_dot")
-            or not hasattr(_interpreter, "TensorHandle")
+            or not hasattr(_interpreter, "TensorHandle") or not hasattr(builder, "cast_impl")
+            or not hasattr(builder, "create_fp_to_fp")
             or getattr(patch, "skips_nested_swaps", False)):
         return False
     launching = threading.local()  # launches running in this thread; the next swap its own
@@ -109,6 +148,8 @@ def install() -> bool:
             launching.fresh = False
 
     builder.create_dot = _row_invariant_dot(builder.create_dot)
+    builder.cast_impl, builder.create_fp_to_fp = _rounding_casts(builder.cast_impl,
+                                                                  builder.create_fp_to_fp)
     patch_lang.skips_nested_swaps = True
     patch_lang.original = patch
     _interpreter._patch_lang = patch_lang

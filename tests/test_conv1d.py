@@ -66,6 +66,21 @@ def test_bf16(backend, layout):
     np.testing.assert_array_equal(out.view(np.int16), rout.view(np.int16))
 
 
+@pytest.mark.parametrize("layout", ["SD", "DS"])
+@pytest.mark.parametrize("pool_dtype", [ml_dtypes.bfloat16, np.float16])
+def test_a_window_narrowed_into_the_pool_is_rounded_as_the_reference_rounds(backend, layout,
+                                                                           pool_dtype):
+    # fp32 inputs into a 16-bit pool: to nearest even, as compiled kernels round (the CPU
+    # interpreter truncated bfloat16 until kernels/interpret.py made it round)
+    rng = np.random.default_rng(7)
+    pool, x, w, cb = inputs(rng, 24, np.float32, layout, pool_dtype=pool_dtype)
+    _, out, _ = backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=0,
+                                      layout=layout)
+    _, rout, _ = make_backend("reference").conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC,
+                                                         layer=0, layout=layout)
+    np.testing.assert_array_equal(out.view(np.int16), rout.view(np.int16))
+
+
 def test_torch_and_jax_give_the_same_bits():
     rng = np.random.default_rng(2)
     pool, x, w, cb = inputs(rng, 40, np.float32, "SD")
@@ -275,6 +290,19 @@ def test_rows_without_tokens_still_flag_bad_ids(backend):
                                         layer=0, layout="SD")
     assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
     np.testing.assert_array_equal(out, pool)
+
+
+def test_a_batch_without_rows_returns_zeros(backend):
+    # nothing is launched; tokens outside every row are unspecified, but both launchers
+    # return zeros rather than what their allocator held
+    rng = np.random.default_rng(8)
+    pool, x, w, cb = inputs(rng, 16, np.float32, "SD")
+    y, out, err = backend.conv1d_update(pool, x[:3], w, cb, [0], np.zeros(0, np.int64),
+                                        np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                        np.zeros(0, np.int64), layer=0, layout="SD")
+    assert y.shape == (3, 16) and not y.any()
+    np.testing.assert_array_equal(out, pool)
+    assert err.tolist() == [0, 2**31 - 1]
 
 
 @pytest.mark.parametrize("change,error", [

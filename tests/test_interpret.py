@@ -1,8 +1,9 @@
-"""The three changes the package makes to Triton's CPU interpreter (kernels/interpret.py): a
+"""The four changes the package makes to Triton's CPU interpreter (kernels/interpret.py): a
 ``@triton.jit`` helper called during a launch skips re-swapping ``triton.language``, which
 the launch has swapped already; launches themselves go through Triton's own code. A
 tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. A floating-point
-``tl.dot`` sums each output by itself (the row invariance: tests/test_dense.py). That the
+``tl.dot`` sums each output by itself (the row invariance: tests/test_dense.py). float32
+rounds to the nearest bfloat16, ties to even, as compiled kernels and torch do. That the
 kernels compute the same bits with them is the rest of the suite (every kernel against its
 reference, in the interpreter)."""
 
@@ -76,8 +77,57 @@ def test_installed_once_by_the_package():
     assert getattr(interpreter._patch_lang, "skips_nested_swaps", False)
     assert getattr(interpreter.InterpreterBuilder.create_dot, "row_invariant", False)
     dot = interpreter.InterpreterBuilder.create_dot
+    assert getattr(interpreter.InterpreterBuilder.cast_impl, "rounds_to_nearest", False)
     assert install() is False  # already in place: nothing changes
     assert interpreter.InterpreterBuilder.create_dot is dot  # not wrapped twice
+
+
+@triton.jit
+def _to_bf16(x_ptr, y_ptr, n, ROUNDING: tl.constexpr):
+    i = tl.arange(0, 64)
+    x = tl.load(x_ptr + i, mask=i < n)
+    if ROUNDING == "rtz":
+        y = x.to(tl.bfloat16, fp_downcast_rounding="rtz")
+    elif ROUNDING == "rtne":
+        y = x.to(tl.bfloat16, fp_downcast_rounding="rtne")
+    else:
+        y = x.to(tl.bfloat16)
+    tl.store(y_ptr + i, y, mask=i < n)
+
+
+def _float32(*bits):
+    return np.array(bits, np.uint32).view(np.float32)
+
+
+# ties both ways, just above and below a tie, a mantissa that carries into the exponent
+# (odd and even exponents), the largest float32 (rounds to inf), subnormals, signs
+_BF16_CASES = np.concatenate([
+    _float32(0x3F808000, 0x3F818000, 0x3F808001, 0x3F807FFF, 0x3F7FFFFF, 0x3FFFFFFF,
+             0x407FFFFF, 0x7F7FFFFF, 0xFF7FFFFF, 0x00000001, 0x00018000, 0x807FFFFF,
+             0x7F800000, 0xFF800000, 0x00000000, 0x80000000),
+    np.random.default_rng(0).normal(size=40).astype(np.float32)])
+
+
+@pytest.mark.parametrize("rounding", ["default", "rtne"])
+def test_float32_rounds_to_the_nearest_bfloat16_ties_to_even(rounding):
+    y = torch.zeros(len(_BF16_CASES), dtype=torch.bfloat16)
+    _to_bf16[(1,)](torch.from_numpy(_BF16_CASES), y, len(_BF16_CASES), rounding)
+    want = torch.from_numpy(_BF16_CASES).to(torch.bfloat16)  # round to nearest even
+    assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+
+
+def test_float32_toward_zero_and_nan_to_bfloat16():
+    x = torch.from_numpy(_BF16_CASES)
+    y = torch.zeros(len(x), dtype=torch.bfloat16)
+    _to_bf16[(1,)](x, y, len(x), "rtz")
+    finite = torch.isfinite(x)
+    dropped = (x.view(torch.int32) >> 16).to(torch.int16)  # the low 16 bits dropped
+    assert torch.equal(y.view(torch.int16)[finite], dropped[finite])
+    nan = torch.from_numpy(_float32(0x7FC00001, 0xFF800001, 0x7F812345))
+    y = torch.zeros(3, dtype=torch.bfloat16)
+    _to_bf16[(1,)](nan, y, 3, "default")
+    assert torch.isnan(y).all()
+    assert (y.view(torch.int16) < 0).tolist() == [False, True, False]  # the sign kept
 
 
 @triton.jit

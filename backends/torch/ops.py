@@ -78,7 +78,9 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
-    outs = {n: torch.empty(o.shape, dtype=dtype(o.dtype), device=dev)
+    # a launch that computes nothing returns zeros, as the JAX launcher does
+    alloc = torch.zeros if plan.skip else torch.empty
+    outs = {n: alloc(o.shape, dtype=dtype(o.dtype), device=dev)
             for n, o in plan.out_specs.items()}
     if not plan.skip:
         args = dict(arrays, **outs)
