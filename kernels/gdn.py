@@ -351,8 +351,9 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     win = write_blocks.shape[1]
     if win < 1:
         raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
-        raise ValueError(f"scale must be a float >= 0 (0: K^-1/2), got {scale!r}")
+    if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+            or not 0 <= scale < float("inf")):
+        raise ValueError(f"scale must be a finite float >= 0 (0: K^-1/2), got {scale!r}")
     bv = min(BV, next_pow2(V))
     tiles = cdiv(V, bv)
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)

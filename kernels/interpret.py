@@ -27,11 +27,13 @@ kernels are untouched.
 
 The interpreter narrows float32 to bfloat16 by dropping the low 16 bits (its
 round-to-nearest mode, for an explicit ``fp_downcast_rounding="rtne"``, rounds ties up
-and ORs a mantissa's carry into the exponent; its subnormals come out wrong), while a
-compiled kernel rounds to nearest even (``cvt.rn`` in the PTX), as torch and the
-references do. A bfloat16 pool or output then held other bits on the CPU than on the GPU.
+and ORs a mantissa's carry into the exponent), and gets subnormals wrong both ways (a
+bfloat16 subnormal widens to zero or to another value). A compiled kernel rounds to
+nearest even (``cvt.rn`` in the PTX) and widens exactly, as torch and the references do.
+A bfloat16 pool or output then held other bits on the CPU than on the GPU.
 :func:`install` makes float32 to bfloat16 round to nearest even, or toward zero when
-``"rtz"`` is asked for; a NaN stays a quiet NaN of its sign.
+``"rtz"`` is asked for, and bfloat16 to float32 exact. A NaN stays a quiet NaN of its
+sign, whose bits need not be the GPU's.
 
 Written for Triton 3.6.
 """
@@ -84,13 +86,17 @@ def _bf16_bits(x, nearest: bool = True) -> np.ndarray:
 
 def _rounding_casts(cast, fp_to_fp):
     """The interpreter's ``cast_impl`` and ``create_fp_to_fp`` with float32 to bfloat16
-    rounded to nearest even, or toward zero when asked (subnormals included)."""
+    rounded to nearest even, or toward zero when asked, and bfloat16 to float32 exact
+    (subnormals included both ways)."""
     def narrows(src, dst_type):
         return src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16
 
     def cast_impl(self, src, dst_type):
         if narrows(src, dst_type):
             return _interpreter.TensorHandle(_bf16_bits(src.data), dst_type.scalar)
+        if src.dtype.scalar == tl.bfloat16 and dst_type.scalar == tl.float32:  # exact
+            wide = (np.asarray(src.data).astype(np.uint32) << 16).view(np.float32)
+            return _interpreter.TensorHandle(wide, dst_type.scalar)
         return cast(self, src, dst_type)
 
     def create_fp_to_fp(self, src, dst_type, rounding_mode):

@@ -328,6 +328,23 @@ def test_jax_int64_ids_outside_int32_stay_bad_without_x64(bad):
     assert all(faults for _, faults in jax_out)  # every launch flagged
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="with x64 int64 counts are kept")
+@pytest.mark.parametrize("count", [2**31, 2**32 + 5, 2**40, -(2**32) + 5])
+def test_jax_counts_past_its_32_bit_state_are_refused_as_a_negative_count_is(count):
+    # an int32 state cannot hold the count: clipped to 2**31 - 1 it would pass as a valid
+    # count, wrapped it could be 5; it must be refused like any bad count (slot left
+    # faulty, the count not stored)
+    from mamba_align.core import Fault
+
+    def seed(c):
+        out = mj.ops.add_requests(*mj.init_state(4), np.array([1], np.int64),
+                                  np.array([c], np.int64), block_size=CFG.block_size)
+        return {n: np.asarray(v).tolist() for n, v in out.items()}
+    got, refused = seed(count), seed(-5)
+    assert got == refused
+    assert got["errors"][0] & Fault.BAD_NUM_COMPUTED and got["num_computed"] == [0] * 4
+
+
 def test_jax_gradients_through_the_ops_raise():
     pool = jnp.ones((1, 4, 2, 2))
     src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)

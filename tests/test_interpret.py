@@ -3,7 +3,8 @@
 the launch has swapped already; launches themselves go through Triton's own code. A
 tensor's ``__index__`` takes its one element, which NumPy 2.5 requires. A floating-point
 ``tl.dot`` sums each output by itself (the row invariance: tests/test_dense.py). float32
-rounds to the nearest bfloat16, ties to even, as compiled kernels and torch do. That the
+rounds to the nearest bfloat16, ties to even, and bfloat16 widens exactly, as compiled
+kernels and torch do. That the
 kernels compute the same bits with them is the rest of the suite (every kernel against its
 reference, in the interpreter)."""
 
@@ -114,6 +115,22 @@ def test_float32_rounds_to_the_nearest_bfloat16_ties_to_even(rounding):
     _to_bf16[(1,)](torch.from_numpy(_BF16_CASES), y, len(_BF16_CASES), rounding)
     want = torch.from_numpy(_BF16_CASES).to(torch.bfloat16)  # round to nearest even
     assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+
+
+@triton.jit
+def _from_bf16(x_ptr, y_ptr, n):
+    i = tl.arange(0, 64)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < n).to(tl.float32), mask=i < n)
+
+
+def test_bfloat16_widens_to_float32_exactly():
+    # every bfloat16 bit pattern a subnormal, a normal or a special value can have
+    bits = np.array([0x0001, 0x0040, 0x007F, 0x8001, 0x0080, 0x3F80, 0x7F7F, 0xFF7F, 0x7F80,
+                     0xFF80, 0x0000, 0x8000, 0x4049, 0xC2F7], np.uint16)
+    x = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    y = torch.zeros(len(x))
+    _from_bf16[(1,)](x, y, len(x))
+    assert torch.equal(y.view(torch.int32), x.to(torch.float32).view(torch.int32))
 
 
 def test_float32_toward_zero_and_nan_to_bfloat16():

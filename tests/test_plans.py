@@ -127,8 +127,8 @@ def test_slot_arrays_past_int32_are_refused(op):
 
 @pytest.mark.parametrize("op", [K.GATED_DELTA_RULE, K.GATED_DELTA_RULE_FUSED_GATES],
                          ids=lambda op: op.name)
-@pytest.mark.parametrize("scale", [-1.0, float("nan")])
-def test_a_negative_or_nan_scale_is_refused(op, scale):
+@pytest.mark.parametrize("scale", [-1.0, float("nan"), float("inf")])
+def test_a_negative_or_non_finite_scale_is_refused(op, scale):
     # NaN fails every comparison: "scale < 0" let it through, and "0: K^-1/2" took it
-    with pytest.raises(ValueError, match="scale must be a float >= 0"):
+    with pytest.raises(ValueError, match="scale must be a finite float >= 0"):
         sample_plan(op, scale=scale)

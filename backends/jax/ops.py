@@ -35,9 +35,10 @@ def spec(name: str, x: Any) -> K.ArraySpec:
 def _as_jax(name: str, x: Any, in_place: bool) -> Array:
     """``x`` as a JAX array of the dtype the kernel sees. Without ``jax_enable_x64`` JAX
     stores 64-bit values in 32 bits. An array updated in place would come back narrower
-    than it went in, so that is refused. Integers read once (ids, counts, ``cu_seqlens``)
-    are saturated to the 32-bit range, not wrapped: a value outside it is outside every
-    range the kernels accept, and stays so (a wrapped id could name a valid block)."""
+    than it went in, so that is refused. An integer read once (ids, counts, ``cu_seqlens``,
+    flags) outside the 32-bit range becomes the most negative 32-bit value, not its low
+    bits: every integer argument refuses a value below -1 (a flag reads it as nonzero),
+    while a wrapped value could name a valid block and a clipped count could pass."""
     want = jax.dtypes.canonicalize_dtype(x.dtype)
     if want != x.dtype and in_place:
         raise TypeError(f"{name} is {x.dtype}, which JAX without jax_enable_x64 keeps as "
@@ -45,8 +46,8 @@ def _as_jax(name: str, x: Any, in_place: bool) -> Array:
     if isinstance(x, jax.Array) and want == x.dtype:
         return x
     if want != x.dtype and np.issubdtype(want, np.integer):
-        lo, hi = np.iinfo(want).min, np.iinfo(want).max
-        x = np.clip(np.asarray(x), lo, hi)
+        x, info = np.asarray(x), np.iinfo(want)
+        x = np.where((x < info.min) | (x > info.max), info.min, x)
     return jnp.asarray(x, want)
 
 
