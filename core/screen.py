@@ -49,7 +49,10 @@ def _blocks(bt, slot, col, use, num_blocks, need=False):
     f = np.where(use & ~in_table, int(Fault.BAD_COLUMN), 0)
     f |= np.where(ok & ((b < -1) | (b == 0) | (b >= num_blocks) | (need & (b == -1))),
                   int(Fault.BAD_BLOCK), 0)
-    return np.bitwise_or.reduce(f.reshape(f.shape[0], -1), axis=1) if f.ndim > 1 else f
+    if f.ndim == 1:
+        return f
+    # the row's columns flattened (-1 would be ambiguous in a batch without rows)
+    return np.bitwise_or.reduce(f.reshape(f.shape[0], int(np.prod(f.shape[1:]))), axis=1)
 
 
 def screen_add_requests(num_slots: int, slots, num_computed_new, *,

@@ -2,6 +2,7 @@
 same faults as the kernels, case by case (the fuzz suite compares the two on random steps
 too)."""
 
+import numpy as np
 import pytest
 from fault_cases import B, BT, NB, POST_CASES, PRE_CASES, S, state_with
 from support import in_flight
@@ -43,3 +44,14 @@ def test_the_screen_on_admissions_duplicates_and_overflow():
                             BT, block_size=B, num_spec=S, num_blocks=NB, index_dtype="int32")
     assert got.tolist() == [int(Fault.OVERFLOW), int(Fault.DUPLICATE_SLOT),
                             int(Fault.DUPLICATE_SLOT)]
+
+
+def test_the_screen_takes_a_batch_without_rows():
+    # the kernels and the core's steps accept zero rows; so does their non-raising reference
+    from mamba_align.core import screen_add_requests, screen_postprocess, screen_preprocess
+    state = (np.array([-1, -1]), np.array([1, 1]), np.array([0, 0]))
+    bt, none = np.arange(1, 9).reshape(2, 4), np.array([], np.int64)
+    opts = dict(block_size=4, num_spec=2, num_blocks=9)
+    assert screen_add_requests(2, none, none).shape == (0,)
+    assert screen_preprocess(*state, none, none, none, bt, **opts).shape == (0,)
+    assert screen_postprocess(*state, none, none, none, none, bt, **opts).shape == (0,)
