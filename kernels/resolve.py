@@ -91,7 +91,9 @@ def preprocess_resolve_kernel(
 
     # step 1
     src_bias = tl.maximum(acc - 1, 0)
-    new = tl.maximum(col, (nc + q + block_size - 1) // block_size - 1)
+    # cdiv(nc + q, B) - 1 as (nc + q - 1) // B (nc + q >= 1 on a clean row): adding B - 1
+    # first could wrap a sum that passed the overflow check
+    new = tl.maximum(col, tl.where(nc + q > 0, (nc + q - 1) // block_size, -1))
     crossing = go & (col >= 0) & (col != new)
     acc = tl.where(crossing, 1, acc)
     reads = go & (col >= 0)  # a fresh row reads nothing: zero state, zero history

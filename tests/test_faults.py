@@ -309,6 +309,21 @@ def test_a_count_that_would_wrap_int64_is_an_overflow():
     assert Fault(int(backend.last_errors[0])) == Fault.OVERFLOW and new.num_computed[0] == 999
 
 
+def test_a_count_that_fits_but_whose_column_sum_would_wrap_is_its_column():
+    # 3 + (2**63 - 5) fits int64 (no overflow), but 3 + (2**63 - 5) + B - 1 does not: the
+    # column, about 2**61, is past the table, as the core's screen says
+    from mamba_align.core import screen_preprocess
+    backend = Torch()  # int64 per-slot arrays
+    s = state_with((0, 1, 3))
+    q = [2**63 - 5, 1]
+    want = screen_preprocess(s.state_idx, s.acc, s.num_computed, [0, 1], q, [0, 1], BT,
+                             block_size=B, num_spec=S, num_blocks=NB, index_dtype="int64")
+    new, out = backend.preprocess_resolve(s, [0, 1], q, [0, 1], BT, B, S, num_blocks=NB)
+    assert Fault(int(want[0])) == Fault.BAD_COLUMN and bits(backend) == Fault.BAD_COLUMN
+    assert_skipped(out, 0, "a column past the table")
+    assert new.acc[0] == 0  # left faulty
+
+
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
 @pytest.mark.parametrize("col,why", [(0, "the old column: the temporal source of the crossing"),
                                      (1, "the new running block")])
