@@ -17,14 +17,15 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 if os.environ.get("TRITON_INTERPRET") == "1":
     from .interpret import install as _install
 
-    _install()  # no redundant swaps; a NumPy 2.5-proof __index__; a row-invariant tl.dot
+    _install()  # no redundant swaps; a NumPy 2.5-proof __index__; a row-invariant tl.dot;
+    # bfloat16 rounded to nearest even
 
 from .plan import (ArraySpec, LaunchPlan, Op, Output, Static, check_array,  # noqa: E402
                    check_pool, check_step_scalars, pool_scalars, table_scalars)
 from .bookkeeping import (ADD_REQUESTS, POSTPROCESS, plan_add_requests,  # noqa: E402
                           plan_postprocess)
 from .copy import (COPY_CONV, COPY_TEMPORAL, plan_copy_conv, plan_copy_temporal,  # noqa: E402
-                   pool_align, pool_copies)
+                   plan_pool_copies, pool_align, pool_copies)
 from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
 from .conv1d import CONV1D_UPDATE, plan_conv1d_update  # noqa: E402
 from .gdn import (GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES,  # noqa: E402
@@ -53,5 +54,6 @@ __all__ = [
     "LINEAR", "RMS_NORM", "RMS_NORM_GATED", "SILU_MUL", "plan_linear", "plan_rms_norm",
     "plan_rms_norm_gated", "plan_silu_mul",
     "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",
-    "plan_copy_temporal", "plan_copy_conv", "pool_align", "pool_copies", "interpreted",
+    "plan_copy_temporal", "plan_copy_conv", "plan_pool_copies", "pool_align", "pool_copies",
+    "interpreted",
 ]

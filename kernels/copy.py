@@ -334,6 +334,28 @@ def pool_copies(kinds: Mapping[str, str], pools: Mapping[str, Any],
                                     "bias": copy_plan["copy_bias"]}, {"layout": kind}
 
 
+def plan_pool_copies(kinds: Mapping[str, str], pools: Mapping[str, ArraySpec], rows: int,
+                     errors: ArraySpec) -> None:
+    """Plan every pool's copy of a step of ``rows`` rows (pools described as
+    :class:`ArraySpec` by name, ``kinds`` as in :func:`pool_copies`), raising what a pool
+    the copies cannot take (strides, a grid past the hardware's limits) would raise at its
+    launch. A runner calls it before the step's bookkeeping changes its state."""
+    _plan_pool_copies(tuple(kinds.items()), tuple((n, pools[n]) for n in kinds), rows, errors)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_pool_copies(kinds: Tuple[Tuple[str, str], ...], pools: Tuple[Tuple[str, ArraySpec], ...],
+                      rows: int, errors: ArraySpec) -> None:
+    # one cache lookup a step (a raise is not cached)
+    ids = ArraySpec.row_major((rows,), "int64")  # the bookkeeping's per-row outputs
+    plan = dict.fromkeys(("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"), ids)
+    for name, op, arrays, statics in pool_copies(dict(kinds), dict(pools), plan):
+        try:
+            op.plan(errors=errors, **arrays, **statics)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"pool {name!r}: {e}") from e
+
+
 def _pow2(align: int) -> int:
     if isinstance(align, bool) or not isinstance(align, int) or align < 1 or align & (align - 1):
         raise ValueError(f"align must be a power of two >= 1, got {align!r}")

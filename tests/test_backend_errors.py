@@ -200,6 +200,30 @@ def test_pools_are_checked_against_the_config(a, change, exc, match):
         preprocess(a, change(a, pools_of(a.name)))
 
 
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(mode):
+    # right shape, inner block not contiguous: the copies' plans refuse it; the torch runner
+    # plans them before its bookkeeping launches, so the slots are as they were and the next
+    # step with a good pool runs (before: acc marked mid-step, then STEP_ORDER)
+    pools = pools_of("torch")
+    bad = dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
+    runner = StateRunner(CFG, 4, DEV, mode=mode)
+    runner.add_requests(torch.tensor([0], device=DEV), torch.tensor([5], device=DEV))
+    ids = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
+    bt = torch.as_tensor(BT, device=DEV)
+    before = [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
+    with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
+        runner.preprocess(bad, ids(0), ids(2), ids(True), bt)
+    runner.preprocess(pools, ids(0), ids(2), ids(True), bt)
+    during = [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
+    with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
+        runner.postprocess(bad, ids(0), ids(2), ids(True), ids(2), bt)
+    assert all(torch.equal(x, y) for x, y in zip(during, (runner.state_idx, runner.acc,
+                                                          runner.num_computed)))
+    runner.postprocess(pools, ids(0), ids(2), ids(True), ids(2), bt)
+    assert runner.errors() == [] and not torch.equal(before[2], runner.num_computed)
+
+
 def test_extra_pool_entries_are_ignored_by_both(a):
     pools = pools_of(a.name)
     scratch = a.f32(3)  # not a state of the config: neither checked nor copied

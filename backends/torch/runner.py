@@ -22,6 +22,7 @@ from ...core.checks import instance, positive_int
 from ...core.config import CacheConfig
 from ...core.faults import CHECKED, decode_errors, new_errors, raise_errors
 from ...core.resolve import Mode, check_mode
+from ... import kernels as K
 from . import ops
 
 
@@ -111,6 +112,14 @@ class StateRunner:
             raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
         return tuple(pool.shape), ops.dtype_name(pool.dtype)
 
+    def _plan_copies(self, pools: Mapping[str, torch.Tensor], rows: int) -> None:
+        """The step's pool copies planned before its bookkeeping launches: a pool they
+        cannot take (strides, grid) raises with the state unchanged."""
+        if torch.compiler.is_compiling():
+            return  # symbolic sizes: each copy's own plan checks at its launch
+        K.plan_pool_copies(self.kinds, {n: ops.spec(n, pools[n]) for n in self.kinds}, rows,
+                           ops.spec("errors", self.error_flag))
+
     def _bookkeeping(self, launch):
         """``launch(state_idx, acc, num_computed, errors)`` on the runner's arrays; in the
         checked mode first on copies, raising before anything changes if it faults."""
@@ -134,6 +143,7 @@ class StateRunner:
         blocks for one step. ``idx_mapping`` / ``query_len`` int ``[rows]``, ``is_spec``
         bool/int ``[rows]``, ``block_table`` int ``[>= num_slots, max_cols]``."""
         num_blocks = self.check_pools(pools)
+        self._plan_copies(pools, idx_mapping.shape[0])
         cfg = self.config
         out = self._bookkeeping(lambda *state: ops.preprocess_resolve_(
             *state, idx_mapping, query_len, is_spec, block_table, block_size=cfg.block_size,
@@ -149,6 +159,7 @@ class StateRunner:
         arguments as in :meth:`preprocess`). Returns int64 ``[rows]``: the column whose
         block may enter the prefix cache, -1 if none."""
         num_blocks = self.check_pools(pools)
+        self._plan_copies(pools, idx_mapping.shape[0])
         cfg = self.config
         out = self._bookkeeping(lambda *state: ops.postprocess_(
             *state, idx_mapping, query_len, is_spec, num_sampled, block_table,
