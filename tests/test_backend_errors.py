@@ -200,28 +200,54 @@ def test_pools_are_checked_against_the_config(a, change, exc, match):
         preprocess(a, change(a, pools_of(a.name)))
 
 
-@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
-def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(mode):
-    # right shape, inner block not contiguous: the copies' plans refuse it; the torch runner
+@pytest.mark.parametrize("mode,validate,compiled", [
+    ("pre-copy", False, False), ("copy-free", False, False), ("pre-copy", True, False),
+    ("pre-copy", False, True), ("copy-free", False, True)])
+def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(mode, validate,
+                                                                               compiled):
+    # right shape, inner block not contiguous: the copies' plans refuse it. The torch runner
     # plans them before its bookkeeping launches, so the slots are as they were and the next
-    # step with a good pool runs (before: acc marked mid-step, then STEP_ORDER)
+    # step with a good pool runs (before: acc marked mid-step, then STEP_ORDER). Compiled
+    # (fullgraph, so not the checked mode, which reads the flag on the host), the copies'
+    # fake implementations plan them at trace time: a copy-free preprocess copies nothing
+    # and so checks nothing
     pools = pools_of("torch")
     bad = dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
-    runner = StateRunner(CFG, 4, DEV, mode=mode)
+    runner = StateRunner(CFG, 4, DEV, mode=mode, validate=validate)
     runner.add_requests(torch.tensor([0], device=DEV), torch.tensor([5], device=DEV))
     ids = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
     bt = torch.as_tensor(BT, device=DEV)
-    before = [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
-    with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
-        runner.preprocess(bad, ids(0), ids(2), ids(True), bt)
+    pre, post = runner.preprocess, runner.postprocess
+    if compiled:
+        torch._dynamo.reset()
+        pre, post = (torch.compile(f, fullgraph=True) for f in (pre, post))
+
+    def state():
+        return [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
+    before = state()
+    if not (compiled and mode == "copy-free"):
+        with pytest.raises(Exception, match="pool must have a contiguous inner block"):
+            pre(bad, ids(0), ids(2), ids(True), bt)
+        assert all(torch.equal(x, y) for x, y in zip(before, state()))
     runner.preprocess(pools, ids(0), ids(2), ids(True), bt)
-    during = [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
-    with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
-        runner.postprocess(bad, ids(0), ids(2), ids(True), ids(2), bt)
-    assert all(torch.equal(x, y) for x, y in zip(during, (runner.state_idx, runner.acc,
-                                                          runner.num_computed)))
+    during = state()
+    with pytest.raises(Exception, match="pool must have a contiguous inner block"):
+        post(bad, ids(0), ids(2), ids(True), ids(2), bt)
+    assert all(torch.equal(x, y) for x, y in zip(during, state()))
     runner.postprocess(pools, ids(0), ids(2), ids(True), ids(2), bt)
     assert runner.errors() == [] and not torch.equal(before[2], runner.num_computed)
+
+
+def test_the_runner_names_the_pool_the_copies_refuse():
+    pools = pools_of("torch")
+    bad = dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
+    ids = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
+    with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
+        StateRunner(CFG, 4, DEV).preprocess(bad, ids(0), ids(2), ids(True),
+                                            torch.as_tensor(BT, device=DEV))
+    with pytest.raises(ValueError, match="idx_mapping must have shape"):  # checked first
+        StateRunner(CFG, 4, DEV).preprocess(pools, ids(0)[0], ids(2), ids(True),
+                                            torch.as_tensor(BT, device=DEV))
 
 
 def test_extra_pool_entries_are_ignored_by_both(a):

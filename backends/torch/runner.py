@@ -112,11 +112,14 @@ class StateRunner:
             raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
         return tuple(pool.shape), ops.dtype_name(pool.dtype)
 
-    def _plan_copies(self, pools: Mapping[str, torch.Tensor], rows: int) -> None:
-        """The step's pool copies planned before its bookkeeping launches: a pool they
-        cannot take (strides, grid) raises with the state unchanged."""
+    def _plan_copies(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor) -> None:
+        """The step's pool copies planned before its bookkeeping launches (in both modes:
+        a copy-free step copies in ``postprocess``): a pool they cannot take (strides,
+        grid) raises with the state unchanged. Under ``torch.compile`` the copies' fake
+        implementations plan them at trace time instead, before any kernel runs."""
         if torch.compiler.is_compiling():
-            return  # symbolic sizes: each copy's own plan checks at its launch
+            return
+        rows = K.check_array("idx_mapping", ops.spec("idx_mapping", idx_mapping), (None,)).shape[0]
         K.plan_pool_copies(self.kinds, {n: ops.spec(n, pools[n]) for n in self.kinds}, rows,
                            ops.spec("errors", self.error_flag))
 
@@ -143,7 +146,7 @@ class StateRunner:
         blocks for one step. ``idx_mapping`` / ``query_len`` int ``[rows]``, ``is_spec``
         bool/int ``[rows]``, ``block_table`` int ``[>= num_slots, max_cols]``."""
         num_blocks = self.check_pools(pools)
-        self._plan_copies(pools, idx_mapping.shape[0])
+        self._plan_copies(pools, idx_mapping)
         cfg = self.config
         out = self._bookkeeping(lambda *state: ops.preprocess_resolve_(
             *state, idx_mapping, query_len, is_spec, block_table, block_size=cfg.block_size,
@@ -159,7 +162,7 @@ class StateRunner:
         arguments as in :meth:`preprocess`). Returns int64 ``[rows]``: the column whose
         block may enter the prefix cache, -1 if none."""
         num_blocks = self.check_pools(pools)
-        self._plan_copies(pools, idx_mapping.shape[0])
+        self._plan_copies(pools, idx_mapping)
         cfg = self.config
         out = self._bookkeeping(lambda *state: ops.postprocess_(
             *state, idx_mapping, query_len, is_spec, num_sampled, block_table,
