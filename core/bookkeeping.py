@@ -152,14 +152,15 @@ def accept(state: SlotState, idx_mapping, query_len, num_sampled, is_spec) -> Sl
     num_sampled``; non-spec rows: ``acc = 1``, ``num_computed += query_len``.
 
     ``num_sampled``: int ``[rows]`` with ``1 <= num_sampled <= query_len`` on spec rows (a
-    spec row's window no longer holds its initial state: 0 cannot be accepted);
+    spec row's window no longer holds its initial state: 0 cannot be accepted), unread on
+    other rows;
     ``is_spec``: bool ``[rows]`` or one bool for the whole batch.
     """
     state = check_slots(state)
     idx = _rows(state, idx_mapping)
     rows = idx.shape[0]
     q = index_array("query_len", query_len, shape=(rows,), low=0)
-    ns = index_array("num_sampled", num_sampled, shape=(rows,), low=0)
+    ns = index_array("num_sampled", num_sampled, shape=(rows,))  # read on spec rows only
     spec = bool_array("is_spec", is_spec, rows)
     live = idx >= 0
     if np.any(ns[live & spec] > q[live & spec]):

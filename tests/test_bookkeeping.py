@@ -102,12 +102,14 @@ def test_accept_spec_and_non_spec_rows():
     assert new.num_computed.tolist() == [7, 16, 4]
 
 
-def test_postprocess_accepts_spec_and_non_spec_rows(backend):
+@pytest.mark.parametrize("unused", [0, -1, 99])
+def test_postprocess_accepts_spec_and_non_spec_rows(backend, unused):
     s = slots([1, 3, 0], [1, 1, 1], [4, 10, 3])
     bt = np.arange(1, 1 + 3 * 5).reshape(3, 5)
-    new, out = backend.postprocess(s, [0, 1, 2], [4, 6, 1], [True, False, True], [3, 0, 1], bt, 4,
-                                   3)
-    # spec rows take num_sampled, the non-spec row its whole query (its num_sampled unused)
+    new, out = backend.postprocess(s, [0, 1, 2], [4, 6, 1], [True, False, True], [3, unused, 1],
+                                   bt, 4, 3)
+    # spec rows take num_sampled, the non-spec row its whole query (its num_sampled unused,
+    # whatever it holds: docs/semantics.md constrains it on spec rows only)
     assert new.acc.tolist() == [3, 1, 1] and new.num_computed.tolist() == [7, 16, 4]
     # slot 1's chunk and slot 2's token end on a boundary in their own column: cached as
     # they are, no copy; slot 0 (running 5, boundary 4) reached none
