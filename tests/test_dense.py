@@ -5,6 +5,7 @@ kernel: bit-identical; a row gives the same bits in any batch."""
 import ml_dtypes
 import numpy as np
 import pytest
+import torch
 from support import make_backend
 
 from mamba_align.kernels import dense as kdense
@@ -147,3 +148,20 @@ def test_a_torch_view_off_a_16_byte_boundary_gives_the_aligned_bits():
     assert off.data_ptr() % 16
     assert torch.equal(tops.rms_norm(x, off)["y"], tops.rms_norm(x, w)["y"])
     assert torch.equal(off, w)  # the input itself untouched
+
+
+def test_subnormals_are_kept_by_both_launchers():
+    # XLA's CPU runtime runs host callbacks with subnormals flushed to zero; the JAX
+    # launcher's interpreter runs in the default environment, as torch's does. sigmoid(-88)
+    # and a row of 1e-40 are subnormal on the way to normal or subnormal results.
+    cases = [("silu_mul", np.full((2, 16), -88.0, np.float32), np.ones((2, 16), np.float32)),
+             ("rms_norm", np.full((2, 8), 1e-40, np.float32), np.ones(8, np.float32)),
+             ("linear", np.full((2, 32), 1e-40, np.float32), np.ones((32, 16), np.float32))]
+    ref = make_backend("reference")
+    for op, a, b in cases:
+        got = [make_backend(name).dense(op, a, b) for name in ("torch", "jax")]
+        assert got[0].tobytes() == got[1].tobytes(), op
+        if not torch.cuda.is_available():  # the interpreter: IEEE floats
+            want = ref.dense(op, a, b)
+            assert (got[1] != 0).all(), op
+            np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=0)

@@ -15,15 +15,21 @@ as the updated input array. Scalars reach the kernel as Python ``int`` or ``np.f
 * CPU: ``jax.pure_callback`` into Triton's interpreter on writable NumPy copies (one lock
   around the interpreter). The interpreter keeps its arguments in torch CPU tensors, so
   this path wraps the copies with ``torch.from_numpy`` (no copy); torch is imported there
-  only.
+  only. XLA's CPU runtime runs the callback with subnormal floats flushed to zero, which
+  the torch launcher and the references do not; on Linux (glibc) the callback runs the
+  kernel in the default floating-point environment (:func:`_ieee_floats`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import os
+import platform
 import threading
 import warnings
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -168,6 +174,33 @@ def _launch_interpreter(plan, inputs, scalar_values, specs):
     return outs
 
 
+def _libm():
+    """glibc's libm, or None elsewhere (its ``FE_DFL_ENV`` is the pointer -1 in glibc only)."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    name = ctypes.util.find_library("m")
+    return ctypes.CDLL(name) if name else None
+
+
+_LIBM = _libm()
+
+
+@contextlib.contextmanager
+def _ieee_floats() -> Iterator[None]:
+    """The default floating-point environment (subnormals kept: no flush to zero, no
+    denormals-are-zero) for the block, the caller's restored after it."""
+    if _LIBM is None:
+        yield
+        return
+    saved = ctypes.create_string_buffer(1024)  # any platform's fenv_t fits
+    _LIBM.fegetenv(saved)
+    _LIBM.fesetenv(ctypes.c_void_p(-1))  # FE_DFL_ENV
+    try:
+        yield
+    finally:
+        _LIBM.fesetenv(saved)
+
+
 def _interpreter_callback(plan, scalar_values, specs):
     alias_of = {plan.outputs.index(out): plan.inputs.index(src) for out, src in plan.aliases.items()}
 
@@ -180,7 +213,7 @@ def _interpreter_callback(plan, scalar_values, specs):
         out_views = {i: args[alias_of[i]] if i in alias_of else _torch_view(o)
                      for i, o in enumerate(outs)}
         args += [out_views[i] for i in range(len(outs))]
-        with _LOCK:
+        with _LOCK, _ieee_floats():
             plan.kernel[plan.grid](*args, **plan.constexprs, **plan.launch_options)
         return tuple(outs)
 
