@@ -157,6 +157,9 @@ def test_subnormals_are_kept_by_both_launchers():
     cases = [("silu_mul", np.full((2, 16), -88.0, np.float32), np.ones((2, 16), np.float32)),
              ("rms_norm", np.full((2, 8), 1e-40, np.float32), np.ones(8, np.float32)),
              ("linear", np.full((2, 32), 1e-40, np.float32), np.ones((32, 16), np.float32))]
+    from mamba_align.backends.jax import bridge
+    if bridge._LIBM is None and not torch.cuda.is_available():
+        pytest.skip("the JAX callback's environment is set through glibc only")
     ref = make_backend("reference")
     for op, a, b in cases:
         got = [make_backend(name).dense(op, a, b) for name in ("torch", "jax")]

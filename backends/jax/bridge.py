@@ -193,7 +193,9 @@ def _ieee_floats() -> Iterator[None]:
         yield
         return
     saved = ctypes.create_string_buffer(1024)  # any platform's fenv_t fits
-    _LIBM.fegetenv(saved)
+    if _LIBM.fegetenv(saved) != 0:  # nothing saved: leave the environment as it is
+        yield
+        return
     _LIBM.fesetenv(ctypes.c_void_p(-1))  # FE_DFL_ENV
     try:
         yield
