@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Tuple
 import triton
 import triton.language as tl
 
-from .bookkeeping import check_errors
+from .bookkeeping import ROW, check_errors
 from .plan import (MAX_GRID_YZ, ArraySpec, LaunchPlan, Op, Static, bits_dtype, cdiv, check_array,
                    check_pool, dtype_bits, largest_align, next_pow2, pool_scalars)
 from .rows import BAD_COPY, flag, flag_row
@@ -347,7 +347,7 @@ def plan_pool_copies(kinds: Mapping[str, str], pools: Mapping[str, ArraySpec], r
 def _plan_pool_copies(kinds: Tuple[Tuple[str, str], ...], pools: Tuple[Tuple[str, ArraySpec], ...],
                       rows: int, errors: ArraySpec) -> None:
     # one cache lookup a step (a raise is not cached)
-    ids = ArraySpec.row_major((rows,), "int64")  # the bookkeeping's per-row outputs
+    ids = ArraySpec.row_major((rows,), ROW)  # the bookkeeping's per-row outputs
     plan = dict.fromkeys(("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"), ids)
     for name, op, arrays, statics in pool_copies(dict(kinds), dict(pools), plan):
         try:

@@ -200,6 +200,15 @@ def test_pools_are_checked_against_the_config(a, change, exc, match):
         preprocess(a, change(a, pools_of(a.name)))
 
 
+def _strided_ssm(pools):
+    """The pools with the temporal one's inner block transposed in memory (same shape)."""
+    return dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
+
+
+def _ids(*v):
+    return torch.tensor(v, device=DEV)
+
+
 @pytest.mark.parametrize("mode,validate,compiled", [
     ("pre-copy", False, False), ("copy-free", False, False), ("pre-copy", True, False),
     ("pre-copy", False, True), ("copy-free", False, True)])
@@ -212,10 +221,9 @@ def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(m
     # fake implementations plan them at trace time: a copy-free preprocess copies nothing
     # and so checks nothing
     pools = pools_of("torch")
-    bad = dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
+    bad, ids = _strided_ssm(pools), _ids
     runner = StateRunner(CFG, 4, DEV, mode=mode, validate=validate)
-    runner.add_requests(torch.tensor([0], device=DEV), torch.tensor([5], device=DEV))
-    ids = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
+    runner.add_requests(ids(0), ids(5))
     bt = torch.as_tensor(BT, device=DEV)
     pre, post = runner.preprocess, runner.postprocess
     if compiled:
@@ -240,8 +248,7 @@ def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(m
 
 def test_the_runner_names_the_pool_the_copies_refuse():
     pools = pools_of("torch")
-    bad = dict(pools, ssm=pools["ssm"].transpose(2, 3).contiguous().transpose(2, 3))
-    ids = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
+    bad, ids = _strided_ssm(pools), _ids
     with pytest.raises(ValueError, match="pool 'ssm': pool must have a contiguous inner"):
         StateRunner(CFG, 4, DEV).preprocess(bad, ids(0), ids(2), ids(True),
                                             torch.as_tensor(BT, device=DEV))

@@ -142,9 +142,9 @@ def _register(op: K.Op, name: str):
     def fake(*args):
         if not op.returns:
             # an op that only updates in place (the copies) is planned at trace time too, so
-            # that a compiled step refuses a pool before any of its kernels runs; its row
-            # arrays as one row, so that no batch size is guarded
-            arrays = {n: a if a.dim() != 1 or n == "errors" else a.new_empty((1,))
+            # that a compiled step refuses a pool before any of its kernels runs; the row
+            # arrays it reads as one row, so that no batch size is guarded
+            arrays = {n: a if a.dim() != 1 or n in op.mutates else a.new_empty((1,))
                       for n, a in zip(op.arrays, args[:k])}
             _plan(op, arrays, dict(zip(op.static_names, args[k:])), cached=False)
             return None
