@@ -132,6 +132,13 @@ def preprocess(state: SlotState, idx_mapping, query_len, block_size: int):
     if np.any(q[live] < 1):
         raise ValueError("query_len must be >= 1 for every row whose idx_mapping is >= 0")
     slot = idx[live]
+    behind = state.state_idx[slot] < -(-state.num_computed[slot] // b) - 1
+    if np.any(behind):
+        i = int(np.flatnonzero(behind)[0])
+        raise ValueError(f"inconsistent bookkeeping for slot {int(slot[i])}: state_idx "
+                         f"{int(state.state_idx[slot][i])} is behind the column of its "
+                         f"{int(state.num_computed[slot][i])} computed tokens (no step leaves "
+                         "that; docs/semantics.md §1)")
 
     src_col = np.full(idx.shape, -1, np.int64)
     src_bias = np.zeros(idx.shape, np.int64)

@@ -370,7 +370,7 @@ class Scheduler:
             self._last is not None and batch.step == self._last.step
         ):
             raise ValueError("update() takes the batch of the latest schedule()")
-        ns = index_array("num_sampled", num_sampled, shape=(batch.num_rows,), low=0)
+        ns = index_array("num_sampled", num_sampled, shape=(batch.num_rows,))  # live rows: below
         want = self.sample(batch)
         live = batch.idx_mapping >= 0
         if np.any(ns[live] != want[live]):

@@ -55,6 +55,17 @@ def _blocks(bt, slot, col, use, num_blocks, need=False):
     return np.bitwise_or.reduce(f.reshape(f.shape[0], int(np.prod(f.shape[1:]))), axis=1)
 
 
+def _off_course(col, nc, block_size, num_spec):
+    """A slot's ``state_idx`` outside what steps leave for its ``num_computed`` (>= 0):
+    ``[cdiv(nc, B) - 1, cdiv(nc + S, B) - 1]`` (docs/semantics.md §1), in a form that
+    cannot wrap: with ``nc - 1 = a B + r``, ``cdiv(nc + S, B) - 1 = a + (r + S) // B``."""
+    m = np.maximum(nc - 1, 0)
+    low = np.where(nc > 0, m // block_size, -1)
+    high = np.where(nc > 0, low + (m % block_size + num_spec) // block_size,
+                    (num_spec - 1) // block_size if num_spec > 0 else -1)
+    return (nc >= 0) & ((col < low) | (col > high))
+
+
 def screen_add_requests(num_slots: int, slots, num_computed_new, *,
                         index_dtype: str = "int64") -> np.ndarray:
     """Faults of ``add_requests`` rows; ``index_dtype``: that of the per-slot arrays."""
@@ -83,7 +94,9 @@ def screen_preprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_s
     nc = np.where(sole, np.asarray(num_computed, np.int64)[slot], 0)
     fault |= np.where(sole & (a == 0), int(Fault.FAULTY_SLOT), 0)
     fault |= np.where(sole & (a < 0), int(Fault.STEP_ORDER), 0)
-    fault |= np.where(sole & ((col < -1) | (nc < 0) | (a > win)), int(Fault.INCONSISTENT), 0)
+    fault |= np.where(sole & ((col < -1) | (nc < 0) | (a > win)
+                              | _off_course(col, nc, block_size, num_spec)),
+                      int(Fault.INCONSISTENT), 0)
     fault |= np.where(sole & _exceeds(nc, q, index_dtype), int(Fault.OVERFLOW), 0)
     go = live & (fault == 0)
     bias = np.maximum(a - 1, 0)

@@ -21,7 +21,7 @@ from .plan import ArraySpec, LaunchPlan, Op, Output, Static, check_step_scalars,
 from .plan import table_scalars
 from .rows import (BAD_IS_SPEC, BAD_QUERY_LEN, DUPLICATE_SLOT, FAULTY_SLOT, INCONSISTENT,
                    OVERFLOW, STEP_ORDER, any_fault, batch_ids, block_at, duplicated, exceeds,
-                   flag)
+                   flag, off_course)
 from .rows import batch_rows
 
 
@@ -85,7 +85,8 @@ def preprocess_resolve_kernel(
     # acc < 0: the slot's last step was never postprocessed; 0: a fault left it faulty
     fault |= tl.where(live & (acc == 0), FAULTY_SLOT, 0)
     fault |= tl.where(live & (acc < 0), STEP_ORDER, 0)
-    fault |= tl.where(live & ((col < -1) | (nc < 0) | (acc > WIN)), INCONSISTENT, 0)
+    fault |= tl.where(live & ((col < -1) | (nc < 0) | (acc > WIN)
+                              | off_course(col, nc, block_size, WIN - 1)), INCONSISTENT, 0)
     fault |= tl.where(live & exceeds(nc, q, NC_MAX), OVERFLOW, 0)
     go = live & (fault == 0)
 

@@ -60,6 +60,11 @@ PRE_CASES = [
     ((0, 0, 3), 1, 1, BT, NB, Fault.FAULTY_SLOT, "a faulty slot"),
     ((0, -1, 3), 1, 1, BT, NB, Fault.STEP_ORDER, "a step in flight: never postprocessed"),
     ((0, 9, 3), 1, 1, BT, NB, Fault.INCONSISTENT, "acc past the window"),
+    # state_idx must lie in [cdiv(nc, B) - 1, cdiv(nc + S, B) - 1]: [1, 2] at 8 tokens
+    ((0, 1, 8), 1, 1, BT, NB, Fault.INCONSISTENT, "state_idx behind the computed tokens"),
+    ((3, 1, 8), 1, 1, BT, NB, Fault.INCONSISTENT, "state_idx past the drafts' reach"),
+    ((-1, 1, 5), 1, 1, BT, NB, Fault.INCONSISTENT, "no running column, 5 tokens computed"),
+    ((1, 1, 0), 1, 1, BT, NB, Fault.INCONSISTENT, "column 1 with nothing computed"),
 ]
 
 

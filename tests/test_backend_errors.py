@@ -402,6 +402,32 @@ def test_jax_counts_past_its_32_bit_state_are_refused_as_a_negative_count_is(cou
     assert got["errors"][0] & Fault.BAD_NUM_COMPUTED and got["num_computed"] == [0] * 4
 
 
+def test_torch_gradients_through_the_ops_raise():
+    # as JAX's do: a launch's outputs have no autograd history, so an input that wants a
+    # gradient would silently get none through them
+    x = torch.randn(3, 8, device=DEV, requires_grad=True)
+    w = torch.randn(8, device=DEV)
+    y = tops.rms_norm(x, w)["y"]
+    with pytest.raises(RuntimeError, match="rms_norm is not differentiable"):
+        (y.sum() + x.sum()).backward()
+    # an op that updates in place: torch's own refusal (it takes no formula for one)
+    pool = torch.zeros(1, 2, 3, 8, device=DEV)
+    ids = [torch.tensor(v, dtype=torch.int32, device=DEV) for v in ([0, 1], [-1], [0], [1], [0])]
+    out = tops.conv1d_update_(pool, tops_errors(), x[:1], torch.randn(8, 4, device=DEV),
+                              torch.zeros(8, device=DEV), *ids, layer=0, layout="SD")
+    with pytest.raises(RuntimeError, match="conv1d_update_"):
+        (out["y"].sum() + x.sum()).backward()
+    # without gradients wanted, a plain launch; the same values either way
+    with torch.no_grad():
+        plain = tops.rms_norm(x, w)["y"]
+    assert plain.grad_fn is None and torch.equal(plain, y.detach())
+    assert tops.rms_norm(x.detach(), w)["y"].grad_fn is None
+
+
+def tops_errors():
+    return torch.zeros(2, dtype=torch.int32, device=DEV)
+
+
 def test_jax_gradients_through_the_ops_raise():
     pool = jnp.ones((1, 4, 2, 2))
     src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)

@@ -87,9 +87,10 @@ def test_preprocess_fresh_same_column_crossing_and_skip(backend):
 
 
 def test_preprocess_never_moves_back(backend):
-    # Last step scheduled 4 tokens from 6 (-> column 2 with B=4); this one schedules 1.
+    # Last step scheduled 4 tokens from 6 (-> column 2 with B=4, S=3) and kept one; this one
+    # schedules 1.
     s = slots([2], [1], [7])
-    _, out = backend.preprocess_resolve(s, [0], [1], [True], np.arange(1, 7)[None], 4, 1)
+    _, out = backend.preprocess_resolve(s, [0], [1], [True], np.arange(1, 7)[None], 4, 3)
     assert out["run_col"].tolist() == [2] and out["copy_dst"].tolist() == [-1]
 
 
@@ -152,6 +153,11 @@ def test_postprocess_cases(backend, st_idx, acc, nc, expect):
 def test_the_reference_rejects_inconsistent_state():
     with pytest.raises(ValueError, match="inconsistent bookkeeping"):
         postprocess(slots([3], [1], [8]), [0], 4)  # boundary column 1, state_idx 3
+    # a step would serve column 0 as the state after 100 tokens (column 24 with B = 4)
+    with pytest.raises(ValueError, match="state_idx 0 is behind the column of its 100"):
+        preprocess(slots([0], [1], [100]), [0], [1], 4)
+    with pytest.raises(ValueError, match="state_idx -1 is behind"):
+        preprocess(slots([-1], [1], [5]), [0], [1], 4)
 
 
 # -- docs/semantics.md §2 worked example: B = 560, S = 3, two accepted per step ---------
@@ -195,7 +201,8 @@ def batches(draw):
     n = draw(st.integers(1, 8))
     st_idx = draw(st.lists(st.integers(-1, 6), min_size=n, max_size=n))
     acc = draw(st.lists(st.integers(1, S + 1), min_size=n, max_size=n))
-    nc = [0 if c < 0 else draw(st.integers(c * B, (c + 1) * B)) for c in st_idx]
+    # a state steps leave: cdiv(nc, B) - 1 <= state_idx <= cdiv(nc + S, B) - 1
+    nc = [0 if c < 0 else draw(st.integers(c * B + (S == 0), (c + 1) * B)) for c in st_idx]
     perm = draw(st.permutations(range(n)))
     k = draw(st.integers(0, n))
     idx = list(perm[:k]) + [-1] * draw(st.integers(0, 3))

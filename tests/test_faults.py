@@ -162,7 +162,7 @@ def test_num_computed_near_the_int32_limit_is_flagged():
     # int32 per-slot arrays: 2^31 - 3 computed tokens plus 4 scheduled would wrap
     for name in ("torch", "jax"):
         backend = make_backend(name, index_dtype="int32")
-        s = state_with((0, 1, 2**31 - 3))
+        s = state_with(((2**31 - 4) // B, 1, 2**31 - 3))
         new, out = backend.preprocess_resolve(s, [0, 1], [4, 1], [1, 1], BT, B, S, num_blocks=NB)
         assert Fault.OVERFLOW in bits(backend), name
         assert_skipped(out, 0, "overflow")
@@ -294,7 +294,7 @@ def test_a_bad_int64_slot_does_not_alias_a_good_one():
 
 def test_a_count_that_would_wrap_int64_is_an_overflow():
     backend = Torch(index_dtype="int32")
-    s = state_with((0, 1, 999))
+    s = state_with((249, 1, 999))  # column 249 holds token 999
     st = backend._state(s)
     huge = torch.tensor([2**63 - 1], device=backend.device)
     backend.ops.preprocess_resolve_(*st, backend.ids([0]), huge, backend.ids([0]),

@@ -39,7 +39,7 @@ def test_the_screen_on_admissions_duplicates_and_overflow():
         int(Fault.DUPLICATE_SLOT), 0]
     assert screen_add_requests(4, [1], [2**31], index_dtype="int32").tolist() == [
         int(Fault.BAD_NUM_COMPUTED)]
-    s = state_with((0, 1, 2**31 - 3))
+    s = state_with(((2**31 - 4) // B, 1, 2**31 - 3))
     got = screen_preprocess(s.state_idx, s.acc, s.num_computed, [0, 1, 1], [4, 1, 1], [1, 1, 1],
                             BT, block_size=B, num_spec=S, num_blocks=NB, index_dtype="int32")
     assert got.tolist() == [int(Fault.OVERFLOW), int(Fault.DUPLICATE_SLOT),

@@ -278,6 +278,18 @@ def test_extreme_spec_counts_and_padding(S, layout):
     assert logs[0] == logs[1]
 
 
+def test_update_ignores_what_a_padding_row_sampled():
+    # a device sampler may leave anything on a padding row; update() reads live rows only
+    sched = Scheduler(make_config(4, 2), 32, 1, 16, 64, drafter=seeded_drafter(0))
+    sched.add_request(0, [1, 2], list(range(10, 30)))
+    batch = pad_batch(sched.schedule(), [0])
+    ns = sched.sample(batch)
+    assert batch.idx_mapping[0] == -1 and ns[0] == 0
+    ns[0] = -1
+    sched.update(batch, ns)
+    assert sched.requests[0].num_computed == 2
+
+
 # -- the checker itself must be able to fail -------------------------------------------
 def test_checker_detects_a_missing_postprocess_copy():
     cfg = make_config(4, 2)

@@ -157,6 +157,14 @@ def _register(op: K.Op, name: str):
     custom = torch.library.custom_op(f"mamba_align::{name}", impl, mutates_args=op.mutates,
                                      schema=_schema(op))
     custom.register_fake(fake)
+    if not op.mutates:  # torch takes no autograd formula for an op that updates in place
+
+        def backward(ctx, *grads):
+            raise RuntimeError(f"{op.name} is not differentiable: no gradient flows through "
+                               "the kernels' outputs; detach its inputs, or call it under "
+                               "torch.no_grad()")
+
+        custom.register_autograd(backward)
     return custom
 
 
@@ -176,7 +184,11 @@ _CUSTOM: Dict[str, Any] = {}  # op name -> its custom op (dynamo cannot hash an 
 
 def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     """Run ``op``: through its custom op under ``torch.compile``, :func:`launch` otherwise."""
-    if torch.compiler.is_compiling():
+    # A launch's outputs carry no autograd history: where an input wants a gradient, the
+    # custom op runs it instead, so that a backward through it raises rather than leaving
+    # the input without its share of the gradient, as JAX raises
+    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
+                                         and any(a.requires_grad for a in arrays.values())):
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
                                *(statics[n] for n in op.static_names))
         if len(op.returns) == 1:
