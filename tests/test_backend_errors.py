@@ -422,6 +422,8 @@ def test_torch_gradients_through_the_ops_raise():
         plain = tops.rms_norm(x, w)["y"]
     assert plain.grad_fn is None and torch.equal(plain, y.detach())
     assert tops.rms_norm(x.detach(), w)["y"].grad_fn is None
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):  # still named
+        tops.rms_norm(x.detach().cpu().numpy(), w)
 
 
 def tops_errors():

@@ -187,8 +187,9 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     # A launch's outputs carry no autograd history: where an input wants a gradient, the
     # custom op runs it instead, so that a backward through it raises rather than leaving
     # the input without its share of the gradient, as JAX raises
-    if torch.compiler.is_compiling() or (torch.is_grad_enabled()
-                                         and any(a.requires_grad for a in arrays.values())):
+    if torch.compiler.is_compiling() or (
+            torch.is_grad_enabled()
+            and any(getattr(a, "requires_grad", False) for a in arrays.values())):
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
                                *(statics[n] for n in op.static_names))
         if len(op.returns) == 1:
