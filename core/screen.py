@@ -58,12 +58,15 @@ def _blocks(bt, slot, col, use, num_blocks, need=False):
 def _off_course(col, nc, block_size, num_spec):
     """A slot's ``state_idx`` outside what steps leave for its ``num_computed`` (>= 0):
     ``[cdiv(nc, B) - 1, cdiv(nc + S, B) - 1]`` (docs/semantics.md §1), in a form that
-    cannot wrap: with ``nc - 1 = a B + r``, ``cdiv(nc + S, B) - 1 = a + (r + S) // B``."""
+    cannot wrap: with ``nc - 1 = a B + r``, ``cdiv(nc + S, B) - 1 - a = S // B + (r >= B -
+    S % B)``, compared with ``col - a`` where ``col >= a``."""
     m = np.maximum(nc - 1, 0)
-    low = np.where(nc > 0, m // block_size, -1)
-    high = np.where(nc > 0, low + (m % block_size + num_spec) // block_size,
-                    (num_spec - 1) // block_size if num_spec > 0 else -1)
-    return (nc >= 0) & ((col < low) | (col > high))
+    a, r = m // block_size, m % block_size
+    with np.errstate(over="ignore"):  # col - a wraps only where col < a (then "behind")
+        ahead = (col - a) > num_spec // block_size + (r >= block_size - num_spec % block_size)
+    behind = col < a
+    fresh = (col < -1) | (col > ((num_spec - 1) // block_size if num_spec > 0 else -1))
+    return (nc >= 0) & np.where(nc > 0, behind | ahead, fresh)
 
 
 def screen_add_requests(num_slots: int, slots, num_computed_new, *,
@@ -94,8 +97,10 @@ def screen_preprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_s
     nc = np.where(sole, np.asarray(num_computed, np.int64)[slot], 0)
     fault |= np.where(sole & (a == 0), int(Fault.FAULTY_SLOT), 0)
     fault |= np.where(sole & (a < 0), int(Fault.STEP_ORDER), 0)
+    # (a slot that is faulty or has a step in flight may sit outside the range: its own
+    # fault says why)
     fault |= np.where(sole & ((col < -1) | (nc < 0) | (a > win)
-                              | _off_course(col, nc, block_size, num_spec)),
+                              | ((a > 0) & _off_course(col, nc, block_size, num_spec))),
                       int(Fault.INCONSISTENT), 0)
     fault |= np.where(sole & _exceeds(nc, q, index_dtype), int(Fault.OVERFLOW), 0)
     go = live & (fault == 0)

@@ -85,8 +85,11 @@ def preprocess_resolve_kernel(
     # acc < 0: the slot's last step was never postprocessed; 0: a fault left it faulty
     fault |= tl.where(live & (acc == 0), FAULTY_SLOT, 0)
     fault |= tl.where(live & (acc < 0), STEP_ORDER, 0)
+    # (a slot that is faulty or has a step in flight may sit outside the range of
+    # off_course: its own fault says why)
     fault |= tl.where(live & ((col < -1) | (nc < 0) | (acc > WIN)
-                              | off_course(col, nc, block_size, WIN - 1)), INCONSISTENT, 0)
+                              | ((acc > 0) & off_course(col, nc, block_size, WIN - 1))),
+                      INCONSISTENT, 0)
     fault |= tl.where(live & exceeds(nc, q, NC_MAX), OVERFLOW, 0)
     go = live & (fault == 0)
 

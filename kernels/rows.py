@@ -100,15 +100,17 @@ def exceeds(nc, add, NC_MAX: tl.constexpr):
 def off_course(col, nc, block_size, S: tl.constexpr):
     """``state_idx`` (``col``) outside what steps leave for ``num_computed`` (``nc`` >= 0):
     ``[cdiv(nc, B) - 1, cdiv(nc + S, B) - 1]`` (``core.screen``), with no sum that could
-    wrap: for ``nc - 1 = a B + r``, ``cdiv(nc + S, B) - 1 = a + (r + S) // B``. Divisions
-    of non-negative values only (Triton's integer division truncates)."""
+    wrap: for ``nc - 1 = a B + r``, ``cdiv(nc + S, B) - 1 - a = S // B + (r >= B - S % B)``,
+    compared with ``col - a`` where ``col >= a``. Non-negative divisions only (Triton's
+    integer division truncates)."""
     m = tl.maximum(nc - 1, 0)
     a = m // block_size
-    low = tl.where(nc > 0, a, -1)
-    # nothing computed: cdiv(S, B) - 1
-    fresh = (tl.full(nc.shape, S, tl.int64) - 1) // block_size if S > 0 else -1
-    high = tl.where(nc > 0, a + (m - a * block_size + S) // block_size, fresh)
-    return (nc >= 0) & ((col < low) | (col > high))
+    r = m - a * block_size
+    ahead = (col - a) > S // block_size + (r >= block_size - S % block_size)
+    behind = col < a
+    # nothing computed: [-1, cdiv(S, B) - 1]
+    fresh = (col < -1) | (col > ((S - 1) // block_size if S > 0 else -1))
+    return tl.where(nc > 0, behind | ahead, fresh) & (nc >= 0)
 
 
 @triton.jit

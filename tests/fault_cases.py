@@ -65,6 +65,9 @@ PRE_CASES = [
     ((3, 1, 8), 1, 1, BT, NB, Fault.INCONSISTENT, "state_idx past the drafts' reach"),
     ((-1, 1, 5), 1, 1, BT, NB, Fault.INCONSISTENT, "no running column, 5 tokens computed"),
     ((1, 1, 0), 1, 1, BT, NB, Fault.INCONSISTENT, "column 1 with nothing computed"),
+    # outside the range too, but for the reason its own fault names
+    ((3, -1, 3), 1, 1, BT, NB, Fault.STEP_ORDER, "a step in flight whose column moved"),
+    ((3, 0, 3), 1, 1, BT, NB, Fault.FAULTY_SLOT, "a slot left faulty after its column moved"),
 ]
 
 

@@ -324,6 +324,21 @@ def test_a_count_that_fits_but_whose_column_sum_would_wrap_is_its_column():
     assert new.acc[0] == 0  # left faulty
 
 
+@pytest.mark.parametrize("col,nc,fault", [(0, 2**63 - 3, 0), (0, 2**63 - 2, 0),
+                                          (2, 2**63 - 2, Fault.INCONSISTENT)])
+def test_the_state_idx_range_needs_no_sum_that_could_wrap(col, nc, fault):
+    # B near 2**63: the range's upper end, cdiv(nc + S, B) - 1, is 0 or 1 here, and
+    # nc + S would wrap int64 (columns 0 .. 7 in the table)
+    from mamba_align.core import screen_preprocess
+    backend = Torch()  # int64 per-slot arrays
+    big, bt = 2**63 - 1, np.arange(5, 13)[None]
+    s = slots([col], [1], [nc])
+    want = screen_preprocess(s.state_idx, s.acc, s.num_computed, [0], [1], [1], bt,
+                             block_size=big, num_spec=7, num_blocks=20, index_dtype="int64")
+    backend.preprocess_resolve(s, [0], [1], [1], bt, big, 7, num_blocks=20)
+    assert int(want[0]) == int(fault) and bits(backend) == fault
+
+
 @pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
 @pytest.mark.parametrize("col,why", [(0, "the old column: the temporal source of the crossing"),
                                      (1, "the new running block")])

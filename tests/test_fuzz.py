@@ -41,11 +41,12 @@ PRE_KINDS = {"block_big": Fault.BAD_BLOCK, "block_neg": Fault.BAD_BLOCK,
              "slot_big": Fault.BAD_SLOT, "slot_neg": Fault.BAD_SLOT,
              "dup": Fault.DUPLICATE_SLOT, "q_zero": Fault.BAD_QUERY_LEN,
              "q_big": Fault.BAD_QUERY_LEN, "is_spec_2": Fault.BAD_IS_SPEC,
-             "faulty": Fault.FAULTY_SLOT, "in_flight": Fault.STEP_ORDER}
+             "faulty": Fault.FAULTY_SLOT, "in_flight": Fault.STEP_ORDER,
+             "col_behind": Fault.INCONSISTENT, "col_ahead": Fault.INCONSISTENT}
 POST_KINDS = {"ns_zero": Fault.BAD_NUM_SAMPLED, "ns_big": Fault.BAD_NUM_SAMPLED}
 #: read from the slot's state or its blocks: not checked on a row that already faults
 STATE_STAGE = {"block_big", "block_neg", "block_null", "block_missing", "column", "faulty",
-               "in_flight"}
+               "in_flight", "col_behind", "col_ahead"}
 
 
 def good_step(rng):
@@ -111,6 +112,12 @@ def inject(rng, kinds, state, idx, q, spec, ns, bt):
             state.acc[slot] = 0
         elif kind == "in_flight":
             state.acc[slot] = -1
+        elif kind == "col_behind":  # a state_idx no step leaves: behind its tokens' column
+            nc = state.num_computed[slot] = max(state.num_computed[slot], B + 1)
+            state.state_idx[slot] = -(-nc // B) - 2 - int(rng.integers(0, 2))
+        elif kind == "col_ahead":  # ... or past the column its drafts could reach
+            nc = state.num_computed[slot]
+            state.state_idx[slot] = -(-(nc + S) // B) + int(rng.integers(0, 2))
         elif kind == "ns_zero":
             spec[b], q[b], ns[b] = 1, min(q[b], 1 + S), 0
         elif kind == "ns_big":
