@@ -32,6 +32,9 @@ from mamba_align.core.dense_ref import linear_ref, rms_norm_ref, silu_mul_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the model: ``heads`` qk heads of ``head_k``, ``value_heads`` of ``head_v``
@@ -49,6 +52,34 @@ class ModelConfig:
     mlp: int = 64
     eps: float = 1e-6
     dtype: str = "float32"  # weights, activations between kernels, conv state
+
+    def __post_init__(self):
+        for name in ("vocab", "d_model", "layers", "heads", "value_heads", "head_k", "head_v",
+                     "mlp"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if (isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int)
+                or self.conv_kernel < 2):
+            raise ValueError(f"conv_kernel must be an int >= 2, got {self.conv_kernel!r}")
+        if self.value_heads % self.heads:
+            raise ValueError(f"value_heads = {self.value_heads} must be a multiple of heads = "
+                             f"{self.heads}")
+        if (isinstance(self.eps, bool) or not isinstance(self.eps, (int, float))
+                or not 0 < self.eps < float("inf")):
+            raise ValueError(f"eps must be a finite float > 0, got {self.eps!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    def check_tokens(self, tokens: Sequence[int], what: str = "tokens") -> None:
+        """Refuses a token id outside ``[0, vocab)`` (an embedding row would be read out of
+        range, or a negative id would wrap to the last rows)."""
+        ids = np.asarray(tokens).ravel()
+        if ids.size and ids.dtype.kind not in "iu":
+            raise ValueError(f"{what}: token ids must be integers, got {ids.dtype}")
+        bad = ids[(ids < 0) | (ids >= self.vocab)]
+        if bad.size:
+            raise ValueError(f"{what}: token {int(bad[0])} is not an id in [0, {self.vocab})")
 
     @property
     def d_conv(self) -> int:
@@ -157,6 +188,7 @@ def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],
                      tokens: Sequence[int]) -> np.ndarray:
     """float64 ``[T, vocab]``: the logits of one sequence from an empty state, every
     operation in float64 (the library's core references)."""
+    cfg.check_tokens(tokens)
     T = len(tokens)
     H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
     x = w["embed"][np.asarray(tokens)].astype(np.float64)

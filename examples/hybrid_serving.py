@@ -161,6 +161,9 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
     scheduler records in the prefix cache, as they are when it records them. Without
     ``record``, the logits stay where the step left them (no checks of them, no
     ``logits`` kept): a timing run. Returns :class:`Served`."""
+    for rid, (_, prompt) in workload.requests.items():
+        cfg.check_tokens(prompt, f"request {rid}'s prompt")
+        cfg.check_tokens(outputs[rid], f"request {rid}'s outputs")
     cache = cfg.cache_config(block_size, num_spec)
     max_len = max(len(p) for _, p in workload.requests.values()) + workload.new_tokens
     sched = Scheduler(cache, num_blocks, max_num_seqs=max_num_seqs,

@@ -141,3 +141,33 @@ def test_logits_read_on_the_host_follow_numpys_copy_protocol():
     assert np.asarray(logits, dtype=np.int64).dtype == np.int64
     with pytest.raises(ValueError, match="copy"):
         np.array(logits, copy=False)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("eps", 0.0, "eps must be a finite float > 0"),
+    ("eps", float("nan"), "eps must be a finite float > 0"),
+    ("value_heads", 3, "must be a multiple of heads"),
+    ("heads", 0, "heads must be an int >= 1"),
+    ("conv_kernel", 1, "conv_kernel must be an int >= 2"),
+    ("dtype", "int8", "dtype must be one of"),
+])
+def test_the_model_config_refuses_what_it_cannot_run(field, value, match):
+    from dataclasses import replace
+    with pytest.raises(ValueError, match=match):
+        replace(TINY, **{field: value})
+
+
+@pytest.mark.parametrize("tokens,match", [([3, -1], "token -1 is not an id"),
+                                          ([TINY.vocab], f"token {TINY.vocab} is not an id"),
+                                          ([1.5], "must be integers")])
+def test_token_ids_outside_the_vocabulary_are_refused(tokens, match):
+    # a negative id would have read the embedding's last row (NumPy and torch wrap it)
+    with pytest.raises(ValueError, match=match):
+        reference_logits(TINY, init_weights(TINY), tokens)
+
+
+def test_serving_refuses_a_request_outside_the_vocabulary():
+    from hybrid_serving import Workload, serve
+    work = Workload({0: (0, (1, 2, TINY.vocab))}, new_tokens=1)
+    with pytest.raises(ValueError, match=f"request 0's prompt: token {TINY.vocab}"):
+        serve(TINY, work, {0: [1]}, None, block_size=4, num_spec=1, num_blocks=8)
