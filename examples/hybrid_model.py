@@ -27,12 +27,11 @@ import ml_dtypes
 import numpy as np
 
 from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
+from mamba_align.core.checks import positive_int
+from mamba_align.core.config import DTYPES
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
 from mamba_align.core.dense_ref import linear_ref, rms_norm_ref, silu_mul_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
-
-
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -56,12 +55,8 @@ class ModelConfig:
     def __post_init__(self):
         for name in ("vocab", "d_model", "layers", "heads", "value_heads", "head_k", "head_v",
                      "mlp"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if (isinstance(self.conv_kernel, bool) or not isinstance(self.conv_kernel, int)
-                or self.conv_kernel < 2):
-            raise ValueError(f"conv_kernel must be an int >= 2, got {self.conv_kernel!r}")
+            positive_int(name, getattr(self, name))
+        positive_int("conv_kernel", self.conv_kernel, 2)
         if self.value_heads % self.heads:
             raise ValueError(f"value_heads = {self.value_heads} must be a multiple of heads = "
                              f"{self.heads}")

@@ -147,8 +147,8 @@ def test_logits_read_on_the_host_follow_numpys_copy_protocol():
     ("eps", 0.0, "eps must be a finite float > 0"),
     ("eps", float("nan"), "eps must be a finite float > 0"),
     ("value_heads", 3, "must be a multiple of heads"),
-    ("heads", 0, "heads must be an int >= 1"),
-    ("conv_kernel", 1, "conv_kernel must be an int >= 2"),
+    ("heads", 0, "heads must be >= 1"),
+    ("conv_kernel", 1, "conv_kernel must be >= 2"),
     ("dtype", "int8", "dtype must be one of"),
 ])
 def test_the_model_config_refuses_what_it_cannot_run(field, value, match):
