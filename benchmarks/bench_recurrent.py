@@ -13,7 +13,9 @@ K = 4, bf16 DS pool ``[L, NB, D, K - 1 + S]``, SiLU. S = 3. Batches B = 1, 16, 6
   kernels, against both kernels reading the old column.
 
 Op ``conv_sd``: the conv update on the same windows in an SD pool ``[L, NB, K - 1 + S, D]``
-(ours, torch and JAX; its fla columns are fla's on the DS rows' caches).
+(ours, torch and JAX; its fla columns are fla's on the DS rows' caches). Ops ``conv_s0``
+and ``conv_s0_sd``: decode rows on conv pools sized for a model without drafts (``W = K -
+1``, the history fla's cache holds), DS and SD, fla alone and pooled on the same windows.
 
 Methods: ``ours`` (torch, CUDA-graph replay), ``ours_jax`` (jitted, pool donated; device
 time from a profiler trace), ``fla`` (fla's kernel on contiguous states, as its docs call
@@ -107,6 +109,9 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             conv_sd_rows(s, c, rec, label)
             del c
             free(cuda)
+            if not spec:
+                no_draft_conv_rows(s, B, dev, gen, fla, rec)
+                free(cuda)
     prefill_rows(s, dev, gen, fla, rec)
     step_rows(s, dev, gen, rec)
     header = {
@@ -183,6 +188,30 @@ def conv_sd_rows(s, c: Case, rec, label: str) -> None:
     rec("conv_sd", "ours", B, T, c.timed(c.conv),
         conv_bytes(s, B, T + s["KC"] - 2 if c.spec else s["KC"] - 1))
     c.assert_clean(f"ours conv SD {label} B={B}, timed")
+
+
+def no_draft_conv_rows(s, B: int, dev, gen, fla, rec) -> None:
+    """The conv update's decode rows on a pool sized for a model without drafts (``W = K -
+    1``, the history fla's ``[B, D, K]`` cache also holds): ours on a DS pool (op
+    ``conv_s0``) and on the same windows in an SD pool (``conv_s0_sd``), fla alone and
+    pooled on the same windows (op ``conv_s0``), each checked against the reference first."""
+    c = Case(s, B, 1, False, dev, gen, conv_S=0, state=False)
+    nbytes = conv_bytes(s, B, s["KC"] - 1)
+    for op in ("conv_s0", "conv_s0_sd"):
+        if op.endswith("_sd"):
+            c.use_sd_pool()
+        y = c.conv()
+        for row in sorted({0, B - 1}):
+            check(f"ours {op} decode B={B} row {row}", y[row:row + 1], c.conv_ref(row), 2e-2)
+        c.assert_clean(f"ours {op} B={B}")
+        rec(op, "ours", B, 1, c.timed(c.conv), nbytes, f"W = {s['KC'] - 1}")
+        c.assert_clean(f"ours {op} B={B}, timed")
+        if fla is not None and not op.endswith("_sd"):
+            c.i = 0
+            alone, pooled = fla_conv_calls(s, c, fla[2], "decode, no drafts")
+            rec(op, "fla", B, 1, c.timed(alone), nbytes, "contiguous caches")
+            del alone
+            rec(op, "fla_pooled", B, 1, c.timed(pooled), nbytes)
 
 
 #: the Triton kernels the JAX rows launch, by the names a profiler trace gives them

@@ -13,7 +13,7 @@ os.environ.setdefault("FLA_FLASH_QLA", "0")  # fla's own Triton kernels, not an 
 os.environ.setdefault("FLA_CACHE_RESULTS", "0")
 
 import math  # noqa: E402
-from typing import Any, Callable, Dict  # noqa: E402
+from typing import Any, Callable, Dict, Optional  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -69,9 +69,14 @@ class Case:
     conv pool has groups of its own (``crb``, ``cwb``), sized by its smaller blocks."""
 
     def __init__(self, s: Dict[str, Any], B: int, T: int, spec: bool, dev: torch.device,
-                 gen: torch.Generator, conv_layout: str = "DS"):
+                 gen: torch.Generator, conv_layout: str = "DS", conv_S: Optional[int] = None,
+                 state: bool = True):
+        """``conv_S``: the drafts the conv pool's windows hold room for (``W = KC - 1 +
+        conv_S``; default ``s["S"]``); ``state=False``: no gated delta rule state pool (a
+        conv-only case)."""
         self.B, self.T, self.spec, self.conv_layout = B, T, spec, conv_layout
         H, HV, K, V, D, KC, S, L = (s[n] for n in ("H", "HV", "K", "V", "D", "KC", "S", "L"))
+        self.conv_S = S if conv_S is None else conv_S
         n = B * T
         block = HV * V * K * 4
         self.nsets = max(1, math.ceil(s["rotate"] / (B * block)))
@@ -88,7 +93,7 @@ class Case:
             # boundary (here g[:1] of an odd group) would be copied by the torch launcher
             # first (backends/torch/ops.py, _align_inputs), a kernel the timing would count
             self.sets.append((g[:B].clone(), wbs, wbs[:, 0].clone()))
-        conv_block = D * (KC - 1 + S) * 2
+        conv_block = D * (KC - 1 + self.conv_S) * 2
         self.cnsets = max(1, math.ceil(s["rotate"] / (B * conv_block)))
         cnb = max(self.nb, 2 + self.cnsets * 2 * B)
         cids = (torch.randperm(cnb - 1, generator=gen)[: self.cnsets * 2 * B] + 1).to(dev)
@@ -103,14 +108,15 @@ class Case:
         self.q, self.k, self.v = r(n, H, K), r(n, H, K), r(n, HV, V)
         self.a, self.b = r(n, HV), r(n, HV)
         self.A_log, self.dt_bias = r(HV, dt=torch.float32) * 0.5, r(HV, dt=torch.float32)
-        self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev)
+        self.pool = torch.zeros((L, self.nb, HV, V, K), device=dev) if state else None
         self.x, self.w = r(n, D), r(D, KC)
         self.cb = torch.zeros(D, device=dev, dtype=bf)
-        block = (D, KC - 1 + S) if conv_layout == "DS" else (KC - 1 + S, D)
+        W = KC - 1 + self.conv_S
+        block = (D, W) if conv_layout == "DS" else (W, D)
         self.cpool = torch.empty((L, cnb) + block, device=dev, dtype=bf)
         self.cpool.normal_(generator=torch.Generator(dev).manual_seed(int(
             torch.randint(1 << 30, (1,), generator=gen))))
-        for rb, _, _ in self.sets:
+        for rb, _, _ in self.sets if state else ():
             self.pool[:, rb] = r(L, B, HV, V, K, dt=torch.float32) * 0.1
         self.off = torch.zeros(B, dtype=torch.int64, device=dev)
         self.errors = torch.tensor([0, 2**31 - 1], dtype=torch.int32, device=dev)  # clear

@@ -37,6 +37,10 @@ def recurrent_md(results: Path) -> str:
     sd_note = (" (`conv_sd` rows: the same windows in an SD pool, whose window rows are "
                "contiguous; their fla columns repeat fla's `[B, D, K]` cache)"
                if any(op == "conv_sd" for op, _, _, _ in rec) else "")
+    if any(op == "conv_s0" for op, _, _, _ in rec):
+        sd_note += ("; `conv_s0` / `conv_s0_sd` rows: decode on DS / SD pools of width "
+                    f"{shp['KC'] - 1}, a model without drafts, the history fla's cache holds "
+                    "(fla alone and pooled timed again on those windows)")
     lines = [f"- Card: {h['device']}; torch {h['torch']}, triton {h['triton']}, fla "
              f"{h['fla']}, jax-triton {h['jax_triton']}; {h['date']}.",
              f"- Shapes: H = {shp['H']}, HV = {shp['HV']}, K = V = {shp['K']}, bf16 q/k/v, fp32 "
@@ -69,7 +73,8 @@ def recurrent_md(results: Path) -> str:
              "ours vs pooled, indexing | JAX vs torch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for op, T in (("gdn", 1), ("gdn", 1 + shp["S"]), ("conv", 1), ("conv", 1 + shp["S"]),
-                  ("conv_sd", 1), ("conv_sd", 1 + shp["S"])):
+                  ("conv_sd", 1), ("conv_sd", 1 + shp["S"]), ("conv_s0", 1),
+                  ("conv_s0_sd", 1)):
         for B in shp["batches"]:
             o = rec.get((op, "ours", B, T))
             if o is None:
@@ -151,6 +156,16 @@ def recurrent_md(results: Path) -> str:
                    [ratio(("conv", "fla_pooled", B, 1, "ms"), ("conv_sd", "ours", B, 1, "ms"))
                     for B in every], lambda v: v >= CONV_VS_POOLED, x)]
            if any(o == "conv_sd" for o, _, _, _ in rec) else []),
+         *[target("conv, %s pool without drafts (W = K − 1), ≥ %s, every B" % (layout, goal),
+                  [f(ratio(("conv_s0", m, B, 1, "ms"), (op, "ours", B, 1, "ms")))
+                   for B in every], ok, fmt)
+           for op, layout in (("conv_s0", "DS"), ("conv_s0_sd", "SD"))
+           if any(o == op for o, _, _, _ in rec)
+           for m, goal, f, ok, fmt in (
+               ("fla", "%.0f %% of fla alone" % VS_FLA_PCT, _pct,
+                lambda v: v >= VS_FLA_PCT, pct),
+               ("fla_pooled", "%.0fx fla pooled" % CONV_VS_POOLED, lambda v: v,
+                lambda v: v >= CONV_VS_POOLED, x))],
          target("JAX ≥ %.0f %% of torch (device time), gdn decode" % JAX_VS_TORCH_PCT,
                 [_pct(ratio(("gdn", "ours", B, 1, "ms"), ("gdn", "ours_jax", B, 1, "ms")))
                  for B in every], lambda v: v >= JAX_VS_TORCH_PCT, pct),
@@ -251,6 +266,11 @@ def table(data: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: the plot's series of each panel's op: the pools (ops) drawn there, their legend suffix
+POOL_LABELS = {"conv": {"conv": "", "conv_sd": " (SD pool)", "conv_s0": " (DS, no drafts)",
+                        "conv_s0_sd": " (SD, no drafts)"}}
+
+
 def plot(data: Dict[str, Any], path: Path) -> None:
     """State TB/s against B: the gated delta rule (decode, spec) and the conv update
     (decode), ours (torch, JAX) against fla alone and pooled, with the copy ceiling."""
@@ -269,8 +289,8 @@ def plot(data: Dict[str, Any], path: Path) -> None:
     for ax, (op, T, title) in zip(axes, panels):
         series: Dict[str, List[tuple]] = {}
         for r in data["records"]:
-            if r["op"] in (op, op + "_sd") and r["tokens_per_row"] == T:
-                name = r["method"] + (" (SD pool)" if r["op"].endswith("_sd") else "")
+            if r["op"] in POOL_LABELS.get(op, {op: ""}) and r["tokens_per_row"] == T:
+                name = r["method"] + POOL_LABELS.get(op, {op: ""})[r["op"]]
                 series.setdefault(name, []).append((r["batch"], r["tbps"]))
         for method, pts in sorted(series.items()):
             pts.sort()

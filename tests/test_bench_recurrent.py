@@ -15,7 +15,8 @@ def test_small_run_writes_every_op(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "recurrent_h200.json").read_text())
     seen = {(x["op"], x["method"]) for x in data["records"]}
-    assert {("gdn", "ours"), ("conv", "ours"), ("conv_sd", "ours"), ("prefill", "ours"),
+    assert {("gdn", "ours"), ("conv", "ours"), ("conv_sd", "ours"), ("conv_s0", "ours"),
+            ("conv_s0_sd", "ours"), ("prefill", "ours"),
             ("step", "pre_copy"),
             ("step", "copy_free")} <= seen
     import torch

@@ -70,3 +70,27 @@ def test_the_pooled_bound_is_the_ceiling_over_fla_pooled(report):
     md = report(pooled)
     assert "would be at most 4.50x, 3.25x fla pooled" in md
     assert "at B = 64, 256" in md
+
+
+def test_the_no_draft_pool_targets_read_their_own_rows(report):
+    """Rows of a pool without drafts (``conv_s0``, ``conv_s0_sd``) get targets of their own,
+    each against fla as timed on those windows; a run without them shows none."""
+    name = "conv, DS pool without drafts (W = K − 1), ≥ 95 % of fla alone, every B"
+    assert name not in report(lambda d: None)
+
+    def no_draft(ours_us, fla_us):
+        def edit(d):
+            for B in d["header"]["shapes"]["batches"]:
+                for op, method, us in (("conv_s0", "ours", ours_us), ("conv_s0_sd", "ours", 1.0),
+                                       ("conv_s0", "fla", fla_us), ("conv_s0", "fla_pooled", 9.0)):
+                    d["records"].append({"op": op, "method": method, "batch": B,
+                                         "tokens_per_row": 1, "ms": us * 1e-3, "bytes": 1,
+                                         "tbps": 1.0, "note": ""})
+        return edit
+    md = report(no_draft(2.0, 1.95))
+    assert _target(md, name).endswith("| 98 %, 98 %, 98 %, 98 % | met |")
+    assert _target(md, name.replace("DS", "SD")).endswith("| 195 %, 195 %, 195 %, 195 % | met |")
+    pooled = "conv, DS pool without drafts (W = K − 1), ≥ 3x fla pooled, every B"
+    assert _target(md, pooled).endswith("| 4.5x, 4.5x, 4.5x, 4.5x | met |")
+    assert _target(report(no_draft(2.0, 1.8)), name).endswith("| 90 %, 90 %, 90 %, 90 % | **missed** |")
+    assert "| conv_s0_sd | 1 | 1 | 1.0 |" in md  # the per-B table shows the rows
