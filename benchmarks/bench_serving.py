@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
 
     def make(method: str):
         if method == "jax":
-            step = jax_step(cfg, load_weights(weights), cache, jax_pools(cache, NB), slots,
+            step = jax_step(cfg, load_weights(cfg, weights), cache, jax_pools(cache, NB), slots,
                             fused=True)
             return step, lambda: mj.errors(step.carry["state"])
         runner = StateRunner(cache, slots, dev)

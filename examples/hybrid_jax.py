@@ -11,15 +11,17 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hybrid_model import Blocks, ModelConfig
+from hybrid_model import Blocks, ModelConfig, check_weights
 
 from mamba_align.backends import jax as mj
 from mamba_align.backends.jax import ops
 from mamba_align.core import new_errors, raise_errors
 
 
-def load_weights(weights: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
-    """The model's NumPy weights as JAX arrays (bf16 stays bf16)."""
+def load_weights(cfg: ModelConfig, weights: Mapping[str, np.ndarray]) -> Dict[str, jax.Array]:
+    """The model's NumPy weights as JAX arrays (bf16 stays bf16), checked against ``cfg``
+    (``hybrid_model.check_weights``)."""
+    check_weights(cfg, weights)
     return {n: jnp.asarray(a) for n, a in weights.items()}
 
 

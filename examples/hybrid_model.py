@@ -21,7 +21,7 @@ state is fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Dict, NamedTuple, Sequence, Tuple
+from typing import Any, Dict, Mapping, NamedTuple, Sequence, Tuple
 
 import ml_dtypes
 import numpy as np
@@ -111,6 +111,49 @@ GPU = ModelConfig(vocab=4096, d_model=1024, layers=4, heads=8, value_heads=16, h
                   head_v=128, mlp=2816, dtype="bfloat16")
 
 
+def weight_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], str]]:
+    """Every weight the model reads, by name: its shape and dtype name (``A_log`` and
+    ``dt_bias`` fp32, the rest ``cfg.dtype``)."""
+    specs = {"embed": ((cfg.vocab, cfg.d_model), cfg.dtype)}
+    for i in range(cfg.layers):
+        p = f"l{i}."
+        specs.update({
+            p + "norm1": ((cfg.d_model,), cfg.dtype),
+            p + "w_qkvz": ((cfg.d_model, cfg.d_conv + cfg.d_value), cfg.dtype),
+            p + "w_ba": ((cfg.d_model, 2 * cfg.value_heads), cfg.dtype),
+            p + "conv_w": ((cfg.d_conv, cfg.conv_kernel), cfg.dtype),
+            p + "conv_b": ((cfg.d_conv,), cfg.dtype),
+            p + "A_log": ((cfg.value_heads,), "float32"),
+            p + "dt_bias": ((cfg.value_heads,), "float32"),
+            p + "onorm": ((cfg.head_v,), cfg.dtype),
+            p + "w_o": ((cfg.d_value, cfg.d_model), cfg.dtype),
+            p + "norm2": ((cfg.d_model,), cfg.dtype),
+            p + "w_gate": ((cfg.d_model, cfg.mlp), cfg.dtype),
+            p + "w_up": ((cfg.d_model, cfg.mlp), cfg.dtype),
+            p + "w_down": ((cfg.mlp, cfg.d_model), cfg.dtype)})
+    specs["norm_f"] = ((cfg.d_model,), cfg.dtype)
+    specs["lm_head"] = ((cfg.d_model, cfg.vocab), cfg.dtype)
+    return specs
+
+
+def check_weights(cfg: ModelConfig, w: Mapping[str, Any]) -> None:
+    """Refuses weights the model cannot run as configured: a missing or unknown name, or
+    an array (NumPy, torch or JAX) of another shape or dtype than :func:`weight_specs`
+    gives (the kernels would otherwise run another dtype than the state pools', or fail
+    deep inside a launch)."""
+    specs = weight_specs(cfg)
+    missing, unknown = sorted(set(specs) - set(w)), sorted(set(w) - set(specs))
+    if missing or unknown:
+        raise ValueError(f"weights do not match the config: missing {missing}, unknown "
+                         f"{unknown}")
+    for name, (shape, dtype) in specs.items():
+        got_shape = tuple(w[name].shape)
+        got_dtype = str(w[name].dtype).removeprefix("torch.")
+        if got_shape != shape or got_dtype != dtype:
+            raise ValueError(f"weight {name!r} is {got_dtype} {list(got_shape)}; the config "
+                             f"needs {dtype} {list(shape)}")
+
+
 def init_weights(cfg: ModelConfig, seed: int = 0) -> Dict[str, np.ndarray]:
     """The model's weights by name, from ``seed``: projections scaled by
     ``1 / sqrt(fan_in)``, norms near 1, gates in the ranges Qwen3-Next initialises them
@@ -156,6 +199,7 @@ def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
     rank's state pools) and weights. The outputs of ``w_o`` and ``w_down`` are partial
     sums: summed over the ranks (one all-reduce each per layer), they are the whole
     model's up to the order of that sum."""
+    check_weights(cfg, w)
     if tp < 1 or not 0 <= rank < tp or cfg.heads % tp or cfg.value_heads % tp or cfg.mlp % tp:
         raise ValueError(f"tp = {tp} must divide heads {cfg.heads}, value heads "
                          f"{cfg.value_heads} and mlp {cfg.mlp}; rank {rank} must be in [0, tp)")
@@ -176,13 +220,16 @@ def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
         out[p + "w_gate"], out[p + "w_up"] = w[p + "w_gate"][:, mlp], w[p + "w_up"][:, mlp]
         out[p + "w_down"] = w[p + "w_down"][mlp]
     part = replace(cfg, heads=H // tp, value_heads=HV // tp, mlp=cfg.mlp // tp)
-    return part, {n: np.ascontiguousarray(a) for n, a in out.items()}
+    out = {n: np.ascontiguousarray(a) for n, a in out.items()}
+    check_weights(part, out)
+    return part, out
 
 
 def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],
                      tokens: Sequence[int]) -> np.ndarray:
     """float64 ``[T, vocab]``: the logits of one sequence from an empty state, every
     operation in float64 (the library's core references)."""
+    check_weights(cfg, w)
     cfg.check_tokens(tokens)
     T = len(tokens)
     H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v

@@ -15,7 +15,7 @@ from typing import Dict, Mapping
 import ml_dtypes
 import numpy as np
 import torch
-from hybrid_model import Blocks, ModelConfig
+from hybrid_model import Blocks, ModelConfig, check_weights
 
 from mamba_align.backends.torch import ops
 from mamba_align.core import new_errors, raise_errors
@@ -42,6 +42,7 @@ class TorchModel:
                  reduce=None):
         """``reduce``: applied to the fp32 outputs of ``w_o`` and ``w_down`` before the
         residual adds them (a tensor-parallel shard's all-reduce; none by default)."""
+        check_weights(cfg, weights)
         self.cfg, self.device = cfg, torch.device(device)
         self.w: Dict[str, torch.Tensor] = {n: to_torch(a, device) for n, a in weights.items()}
         self.reduce = reduce or (lambda t: t)

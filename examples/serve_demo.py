@@ -88,7 +88,7 @@ def main() -> None:
     runs = {("torch", "on", "pre-copy"): run_torch(True, "pre-copy"),
             ("torch", "off", "pre-copy"): run_torch(False, "pre-copy"),
             ("torch", "on", "copy-free"): run_torch(True, "copy-free")}
-    jstep = jax_step(cfg, load_weights(weights), cache, jax_pools(cache, num_blocks), slots)
+    jstep = jax_step(cfg, load_weights(cfg, weights), cache, jax_pools(cache, num_blocks), slots)
     step = Progress("JAX, cache on , pre-copy", jstep)
     t0 = time.perf_counter()
     served = serve(cfg, workload, outputs, step, block_size=B, num_spec=S,

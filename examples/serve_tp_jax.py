@@ -59,7 +59,7 @@ def main() -> None:
     weights = init_weights(cfg, seed=0)
     workload, outputs, alone = multi_turn_workload(
         cfg, 0, args.conversations, B, args.new_tokens,
-        single_row(cfg, load_weights(weights), S))
+        single_row(cfg, load_weights(cfg, weights), S))
 
     mesh = jax.sharding.Mesh(np.array(devices), ("tp",))
     over = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("tp"))

@@ -130,7 +130,7 @@ def test_torch_equals_jax_bit_for_bit(served, plain):
 
     from mamba_align.backends import jax as mj
     want = served()
-    step = serving_step(MODEL, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
+    step = serving_step(MODEL, load_weights(MODEL, WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
     got = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
     assert mj.errors(step.carry["state"]) == []
     assert got.logits.keys() == want.logits.keys()
@@ -150,7 +150,7 @@ def test_one_device_step_per_scheduler_step(torch_model, plain, mode):
     from mamba_align.backends import jax as mj
     torch_run = serve_torch(torch_model, plain, mode=mode, fused=True, graphs=True)
     assert compare(torch_run.logits, plain[2]) == (len(torch_run.logits), 0)
-    step = serving_step(MODEL, load_weights(WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS,
+    step = serving_step(MODEL, load_weights(MODEL, WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS,
                         mode, fused=True)
     jax_run = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S,
                     num_blocks=NB, pad=True)

@@ -57,7 +57,7 @@ class JaxRun:
         import jax
         import jax.numpy as jnp
         from hybrid_jax import forward, load_weights
-        self.jnp, self.w = jnp, load_weights(WEIGHTS)
+        self.jnp, self.w = jnp, load_weights(TINY, WEIGHTS)
         self.fn = jax.jit(forward, static_argnums=0, donate_argnums=(2, 3))
 
     def step(self, pools, tokens, rows):
@@ -171,3 +171,49 @@ def test_serving_refuses_a_request_outside_the_vocabulary():
     work = Workload({0: (0, (1, 2, TINY.vocab))}, new_tokens=1)
     with pytest.raises(ValueError, match=f"request 0's prompt: token {TINY.vocab}"):
         serve(TINY, work, {0: [1]}, None, block_size=4, num_spec=1, num_blocks=8)
+
+
+def test_init_weights_and_shards_are_what_the_configs_need():
+    from dataclasses import replace
+
+    from hybrid_model import check_weights, shard
+    bf16 = replace(TINY, dtype="bfloat16")
+    check_weights(bf16, init_weights(bf16))
+    part, w = shard(TINY, WEIGHTS, 2, 1)  # (shard checks its output too)
+    check_weights(part, w)
+    assert part.value_heads == TINY.value_heads // 2
+
+
+def _wrong_weights(kind):
+    from dataclasses import replace
+    w = dict(WEIGHTS)
+    if kind == "dtype":  # fp32 weights given to a bf16 model: its pools are bf16
+        return replace(TINY, dtype="bfloat16"), w, r"weight 'embed' is float32 \[64, 32\]; " \
+            r"the config needs bfloat16 \[64, 32\]"
+    if kind == "shape":
+        w["l1.w_o"] = w["l1.w_o"][:, :-1]
+        return TINY, w, r"weight 'l1.w_o' is float32 \[32, 31\]; the config needs float32 \[32, 32\]"
+    if kind == "gate_dtype":
+        w["l0.A_log"] = w["l0.A_log"].astype(np.float16)
+        return TINY, w, "weight 'l0.A_log' is float16"
+    w.pop("l0.conv_b")
+    w["l0.conv_bias"] = WEIGHTS["l0.conv_b"]
+    return TINY, w, r"missing \['l0.conv_b'\], unknown \['l0.conv_bias'\]"
+
+
+@pytest.mark.parametrize("kind", ["dtype", "shape", "gate_dtype", "names"])
+@pytest.mark.parametrize("entry", ["reference", "torch", "jax", "shard"])
+def test_weights_the_config_cannot_run_are_refused(kind, entry):
+    cfg, w, match = _wrong_weights(kind)
+    with pytest.raises(ValueError, match=match):
+        if entry == "reference":
+            reference_logits(cfg, w, PROMPT)
+        elif entry == "torch":
+            from hybrid_torch import TorchModel
+            TorchModel(cfg, w, "cpu")
+        elif entry == "jax":
+            from hybrid_jax import load_weights
+            load_weights(cfg, w)
+        else:
+            from hybrid_model import shard
+            shard(cfg, w, 2, 0)
