@@ -158,8 +158,10 @@ def postprocess(state: SlotArrays, pools: Pools, idx_mapping: jax.Array, query_l
                 config: CacheConfig, validate: bool = False
                 ) -> Tuple[SlotArrays, Pools, jax.Array]:
     """Accept ``num_sampled`` ([rows] int) and save boundary snapshots (other arguments as
-    in :func:`preprocess`); returns the new state, pools and per-row ``cache_col`` ([rows]:
-    the column whose block may enter the prefix cache, -1 if none)."""
+    in :func:`preprocess`: the same ``query_len`` and ``is_spec`` it was given, which are
+    not checked, docs/semantics.md §1); returns the new state, pools and per-row
+    ``cache_col`` ([rows]: the column whose block may enter the prefix cache, -1 if
+    none)."""
     num_blocks = _check(config, pools)
     post = _bookkeeping(K.POSTPROCESS, state, (idx_mapping, query_len, is_spec, num_sampled,
                                                  block_table),

@@ -159,8 +159,9 @@ class StateRunner:
                     query_len: torch.Tensor, is_spec: torch.Tensor, num_sampled: torch.Tensor,
                     block_table: torch.Tensor) -> torch.Tensor:
         """Accept ``num_sampled`` (int ``[rows]``) and save boundary snapshots (other
-        arguments as in :meth:`preprocess`). Returns int64 ``[rows]``: the column whose
-        block may enter the prefix cache, -1 if none."""
+        arguments as in :meth:`preprocess`: the same ``query_len`` and ``is_spec`` it was
+        given, which are not checked, docs/semantics.md §1). Returns int64 ``[rows]``: the
+        column whose block may enter the prefix cache, -1 if none."""
         num_blocks = self.check_pools(pools)
         self._plan_copies(pools, idx_mapping)
         cfg = self.config
