@@ -430,6 +430,64 @@ def tops_errors():
     return torch.zeros(2, dtype=torch.int32, device=DEV)
 
 
+def _conv_args(pool):
+    ids = [torch.tensor(v, dtype=torch.int32, device=DEV) for v in ([0, 1], [1], [0], [2], [0])]
+    return (pool, tops_errors(), torch.randn(1, 8, device=DEV), torch.randn(8, 4, device=DEV),
+            torch.zeros(8, device=DEV), *ids)
+
+
+@pytest.mark.parametrize("leaf", [True, False])
+def test_torch_refuses_a_pool_that_requires_grad(leaf):
+    # no backward can see the update: the gradient would flow as if the op had not run
+    # (JAX raises "not differentiable" on the same function)
+    base = torch.randn(1, 4, 3, 8, device=DEV, requires_grad=True)
+    pool = base if leaf else base * 2
+    before = pool.detach().clone()
+    with pytest.raises(RuntimeError, match="conv1d_update_ updates pool in place and pool "
+                                           "requires grad"):
+        tops.conv1d_update_(*_conv_args(pool), layer=0, layout="SD")
+    assert torch.equal(pool.detach(), before)  # refused before the launch
+    with torch.no_grad():  # allowed there, as torch's own in-place ops are
+        tops.conv1d_update_(*_conv_args(pool), layer=0, layout="SD")
+    assert not torch.equal(pool.detach(), before)
+
+
+def test_torch_in_place_updates_bump_the_version_counter():
+    # as torch's own in-place ops do: a tensor autograd saved before the update then makes
+    # backward raise instead of using the new values
+    pool = torch.zeros(1, 4, 3, 8, device=DEV)
+    a = torch.ones(1, 4, 3, 8, device=DEV, requires_grad=True)
+    prod = a * pool  # saves pool for a's gradient
+    args = _conv_args(pool)
+    v0, e0 = pool._version, args[1]._version
+    tops.conv1d_update_(*args, layer=0, layout="SD")
+    assert pool._version > v0 and args[1]._version > e0
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        prod.sum().backward()
+
+
+def test_torch_copies_a_misaligned_broadcast_input_whole():
+    # the launcher copies an input off a 16-byte boundary to aligned storage with the same
+    # strides; a broadcast row (stride 0) cannot be copied element by element into such a
+    # layout, so its span is copied (GPU launches only take this path: called directly)
+    from mamba_align.backends.torch import ops as backend
+    src = torch.arange(40, dtype=torch.float32).view(5, 8)
+    x = src[1:2].expand(3, 8)[:, 1:]  # strides (0, 1), 36 bytes past src's start
+    assert x.data_ptr() % 16 and x.stride() == (0, 1)
+
+    class Plan:
+        inputs, aliases = ("x",), {}
+    args = {"x": x}
+    backend._align_inputs(Plan, args)
+    got = args["x"]
+    assert got.data_ptr() % 16 == 0 and got.stride() == x.stride() and torch.equal(got, x)
+    y = src[:, 1:5]  # an ordinary misaligned view: same strides, its own storage
+    args = {"x": y}
+    backend._align_inputs(Plan, args)
+    assert args["x"].data_ptr() % 16 == 0 and args["x"].stride() == (8, 1)
+    assert torch.equal(args["x"], y)
+
+
 def test_jax_gradients_through_the_ops_raise():
     pool = jnp.ones((1, 4, 2, 2))
     src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)

@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import torch
 from torch import Tensor
+from torch.autograd.graph import increment_version
 
 from ... import kernels as K
 
@@ -105,8 +106,25 @@ def _align_inputs(plan: K.LaunchPlan, args: Dict[str, Tensor]) -> None:
             if n in plan.aliases.values():
                 raise ValueError(f"{n} starts {t.data_ptr() % 16} bytes past a 16-byte "
                                  "boundary: an array updated in place must be aligned")
-            args[n] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
-                                          device=t.device).copy_(t)
+            if _overlapping(t.shape, t.stride()):  # (a broadcast view): its whole span
+                extent = 1 + sum((s - 1) * st for s, st in zip(t.shape, t.stride()))
+                span = torch.empty(extent, dtype=t.dtype, device=t.device)
+                span.copy_(t.as_strided((extent,), (1,)))
+                args[n] = span.as_strided(t.shape, t.stride())
+            else:
+                args[n] = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype,
+                                              device=t.device).copy_(t)
+
+
+def _overlapping(shape, strides) -> bool:
+    """Whether two elements of an array of ``shape`` and ``strides`` (non-negative) may
+    share an address: torch cannot copy into such a layout element by element."""
+    need = 1
+    for st, s in sorted((st, s) for s, st in zip(shape, strides) if s > 1):
+        if st < need:
+            return True
+        need = st * s
+    return False
 
 
 _SCHEMA_TYPES = {int: "int", bool: "bool", float: "float", str: "str"}
@@ -187,15 +205,29 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     # A launch's outputs carry no autograd history: where an input wants a gradient, the
     # custom op runs it instead, so that a backward through it raises rather than leaving
     # the input without its share of the gradient, as JAX raises
+    grad = torch.is_grad_enabled()
+    for n in op.mutates if grad else ():
+        if getattr(arrays.get(n), "requires_grad", False):  # no backward could see the update
+            raise RuntimeError(
+                f"{op.name}_ updates {n} in place and {n} requires grad: the op is not "
+                f"differentiable; pass a {n} that does not require grad, or call it under "
+                "torch.no_grad()")
     if torch.compiler.is_compiling() or (
-            torch.is_grad_enabled()
-            and any(getattr(a, "requires_grad", False) for a in arrays.values())):
+            grad and any(getattr(a, "requires_grad", False) for a in arrays.values())):
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
                                *(statics[n] for n in op.static_names))
         if len(op.returns) == 1:
             res = (res,)
         return dict(zip(op.returns, res)) if op.returns else None
     outs = launch(op, arrays, statics)
+    # as torch's own in-place ops do: a tensor autograd saved before this update then makes
+    # backward raise, where it would use the new values
+    updated = [arrays[n] for n in op.mutates]
+    try:
+        increment_version(updated)
+    except TypeError:  # a torch that takes one tensor at a time
+        for t in updated:
+            increment_version(t)
     return outs if op.returns else None
 
 
