@@ -12,7 +12,7 @@ is first on ``PYTHONPATH`` (an earlier version for a same-session A/B: ``--label
 Usage::
 
     python benchmarks/probe_conv_update.py --out DIR [--label L] [--layouts DS SD]
-        [--tiles default 128x4 256x4 ...]
+        [--tiles default 128x4 256x4 ...] [--conv-drafts N] [--small]
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ def main() -> None:
     ap.add_argument("--layouts", nargs="*", default=["DS"], choices=("DS", "SD"))
     ap.add_argument("--tiles", nargs="*", default=["default", "128x4", "256x4", "512x4",
                                                    "256x8", "512x8", "64x2"])
+    ap.add_argument("--conv-drafts", type=int, default=None, metavar="N",
+                    help="drafts the conv pool's windows hold room for (W = K - 1 + N; "
+                         "default S); spec rows of 1 + N tokens, none with 0")
     ap.add_argument("--small", action="store_true", help="CPU smoke run (interpreter)")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
@@ -54,9 +57,10 @@ def main() -> None:
         rows.append(dict(label=args.label, **row))
         print(json.dumps(rows[-1]), flush=True)
 
-    for T, spec in ((1, False), (1 + s["S"], True)):
+    drafts = s["S"] if args.conv_drafts is None else args.conv_drafts
+    for T, spec in ((1, False), (1 + drafts, True))[:2 if drafts else 1]:
         for B in s["batches"]:
-            c = Case(s, B, T, spec, dev, gen, "DS")
+            c = Case(s, B, T, spec, dev, gen, "DS", conv_S=drafts, state=False)
             if fla is not None and not spec:  # on the DS pool's windows
                 fla_rows(s, c, fla, keep)
             for layout in sorted(args.layouts):  # DS first: SD is the same windows, moved
@@ -79,10 +83,11 @@ def main() -> None:
                     ms = bench_ms(c.timed(c.conv), cuda, graph=cuda)
                     c.assert_clean(f"conv {cfg}, timed")
                     keep(layout=layout, method="ours", tile=cfg, batch=B, tokens_per_row=T,
-                         us=ms * 1e3)
+                         width=s["KC"] - 1 + drafts, us=ms * 1e3)
             del c
             free(cuda)
     kconv.conv_tile, kconv.NUM_WARPS = default_tile, default_warps
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     out = Path(args.out) / f"probe_conv_update_{args.label}_h200.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name() if cuda else "cpu",
                                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(

@@ -24,3 +24,17 @@ def test_small_run_writes_every_op(tmp_path):
         assert {("gdn", "ours_jax"), ("conv", "ours_jax"), ("conv_sd", "ours_jax")} <= seen
     assert all(x["ms"] > 0 for x in data["records"])
     assert (tmp_path / "recurrent_h200.md").read_text().startswith("Copy ceiling")
+
+
+def test_the_conv_probe_runs_on_a_pool_without_drafts(tmp_path):
+    # probe_conv_update.py --conv-drafts 0: decode rows only, on windows of K - 1 rows
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_conv_update.py"),
+                        "--small", "--out", str(tmp_path / "new"), "--conv-drafts", "0",
+                        "--layouts", "DS", "SD", "--tiles", "default"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "new" / "probe_conv_update_current_h200.json").read_text())
+    mine = [x for x in rows["rows"] if x["method"] == "ours"]
+    assert {(x["layout"], x["tokens_per_row"], x["width"]) for x in mine} == {("DS", 1, 3),
+                                                                             ("SD", 1, 3)}
+    assert all(x["us"] > 0 for x in mine)
