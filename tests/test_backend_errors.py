@@ -154,6 +154,13 @@ def test_torch_arrays_on_mixed_devices_are_rejected():
         tops.copy_temporal_(pool, Args("torch").err(), torch.tensor([1]), torch.tensor([2]))
 
 
+def test_torch_meta_tensors_are_rejected():
+    # compiled or interpreted, a tensor without data is refused by name, before any launch
+    x, w = torch.empty(3, 8, device="meta"), torch.empty(8, device="meta")
+    with pytest.raises(ValueError, match="the tensors are on meta"):
+        tops.rms_norm(x, w)
+
+
 # -- the runners: pools against the config, the same rule in both ---------------------------
 CFG = CacheConfig(4, 1, 1, {"conv": ConvSpec(3, 4, "SD", "bfloat16"),
                             "ssm": TemporalSpec((2, 2), "float32")})

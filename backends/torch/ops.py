@@ -75,7 +75,11 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
     in-place arrays are updated, new outputs returned by name."""
     plan = _plan(op, arrays, statics)
     dev = _device(arrays)
-    if dev.type != "cuda" and not K.interpreted(plan.kernel):
+    if K.interpreted(plan.kernel):
+        if dev.type not in ("cpu", "cuda"):  # (the interpreter reads host memory or copies)
+            raise ValueError(f"the tensors are on {dev}: Triton's interpreter, which runs the "
+                             "kernels here, takes CPU (or CUDA) tensors")
+    elif dev.type != "cuda":
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
