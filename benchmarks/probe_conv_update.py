@@ -99,7 +99,7 @@ def fla_rows(s, c: Case, fla, keep) -> None:
     alone, pooled = fla_conv_calls(s, c, fla[2], "probe")
     for method, fn in (("fla", alone), ("fla_pooled", pooled)):
         keep(layout="DS", method=method, tile="autotuned", batch=c.B, tokens_per_row=c.T,
-             us=bench_ms(c.timed(fn), True, graph=True) * 1e3)
+             width=s["KC"] - 1 + c.conv_S, us=bench_ms(c.timed(fn), True, graph=True) * 1e3)
 
 
 if __name__ == "__main__":

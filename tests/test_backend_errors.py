@@ -473,6 +473,24 @@ def test_torch_in_place_updates_bump_the_version_counter():
         prod.sum().backward()
 
 
+@pytest.mark.parametrize("one_at_a_time", [False, True])
+def test_torch_version_bumps_pass_over_inference_tensors(monkeypatch, one_at_a_time):
+    # an inference tensor has no version counter (torch 2.4 raises on a bump outside
+    # inference mode); torch 2.4 bumps one tensor at a time
+    from mamba_align.backends.torch import ops as backend
+    monkeypatch.setattr(backend, "_BUMP_LIST", not one_at_a_time)
+    with torch.inference_mode():
+        frozen = torch.zeros(1, 4, 3, 8, device=DEV)
+    pool = torch.zeros(1, 4, 3, 8, device=DEV)
+    for p in (frozen, pool):
+        args = _conv_args(p)
+        v0 = None if p.is_inference() else p._version
+        with torch.no_grad():
+            tops.conv1d_update_(*args, layer=0, layout="SD")
+        assert p.is_inference() or p._version > v0
+        assert not torch.equal(p, torch.zeros_like(p))  # written
+
+
 def test_torch_copies_a_misaligned_broadcast_input_whole():
     # the launcher copies an input off a 16-byte boundary to aligned storage with the same
     # strides; a broadcast row (stride 0) cannot be copied element by element into such a

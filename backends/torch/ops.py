@@ -223,16 +223,32 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
         if len(op.returns) == 1:
             res = (res,)
         return dict(zip(op.returns, res)) if op.returns else None
+    _bump_versions([arrays[n] for n in op.mutates])  # before: nothing is left half done
     outs = launch(op, arrays, statics)
-    # as torch's own in-place ops do: a tensor autograd saved before this update then makes
-    # backward raise, where it would use the new values
-    updated = [arrays[n] for n in op.mutates]
-    try:
+    return outs if op.returns else None
+
+
+def _takes_a_list() -> bool:
+    try:  # torch 2.4 takes one tensor at a time
+        increment_version([])
+        return True
+    except (RuntimeError, TypeError):
+        return False
+
+
+_BUMP_LIST = _takes_a_list()
+
+
+def _bump_versions(updated) -> None:
+    """As torch's own in-place ops do: a tensor autograd saved before the update then makes
+    backward raise, where it would use the new values. Inference tensors have no counter
+    (torch 2.4 raises on them outside inference mode)."""
+    updated = [t for t in updated if isinstance(t, Tensor) and not t.is_inference()]
+    if _BUMP_LIST:
         increment_version(updated)
-    except TypeError:  # a torch that takes one tensor at a time
+    else:
         for t in updated:
             increment_version(t)
-    return outs if op.returns else None
 
 
 add_requests_ = public(K.ADD_REQUESTS)
