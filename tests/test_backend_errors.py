@@ -354,6 +354,62 @@ def test_jax_int64_state_without_x64_is_refused_clearly():
     assert np.asarray(out.state_idx).tolist() == [1, -1, -1, -1]
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="with x64 int64 state is kept")
+def test_jax_refuses_what_it_would_narrow_as_torch_refuses_it():
+    # float64 NumPy data (JAX without x64 would run it as float32; torch refuses float64),
+    # an int64 error flag (the flag is int32 with or without x64), int64 state asked of
+    # init_state (JAX would hand back int32), each with torch's wording where it has one
+    with pytest.raises(TypeError, match="x must have dtype float32/float16/bfloat16, got "
+                                        "float64"):
+        mj.ops.rms_norm(np.ones((2, 8)), np.ones(8, np.float32))
+    with pytest.raises(TypeError, match="errors must have dtype int32, got int64"):
+        mj.ops.copy_temporal(jnp.zeros((1, 4, 2)), np.zeros(2, np.int64),
+                             jnp.array([1], jnp.int32), jnp.array([2], jnp.int32))
+    with pytest.raises(TypeError, match="dtype int64 needs jax_enable_x64"):
+        mj.init_state(4, jnp.int64)
+    with pytest.raises(TypeError, match="x must be a jax array, got Tensor"):
+        mj.ops.rms_norm(torch.ones(2, 8), np.ones(8, np.float32))
+
+
+def test_jax_arrays_on_several_devices_are_refused_by_name(tmp_path):
+    # two CPU devices need XLA_FLAGS before jax is imported: a process of its own
+    import subprocess
+    import sys
+    script = tmp_path / "devices.py"
+    script.write_text("""
+import numpy as np, jax, jax.numpy as jnp
+from mamba_align.backends import jax as mj
+from mamba_align.core import new_errors
+d0, d1 = jax.devices()[:2]
+src, dst = jnp.array([1], jnp.int32), jnp.array([2], jnp.int32)
+pool = jax.device_put(jnp.arange(16.0).reshape(1, 4, 2, 2), d1)
+out = mj.ops.copy_temporal(pool, jnp.asarray(new_errors()), src, dst)  # the rest moves
+assert out["pool"].devices() == {d1}, out["pool"].devices()
+assert np.asarray(out["pool"])[0, 2].tolist() == np.asarray(pool)[0, 1].tolist()
+for errors, want in ((jax.device_put(jnp.asarray(new_errors()), d0), "errors is on"),):
+    try:
+        mj.ops.copy_temporal(pool, errors, src, dst)
+        raise SystemExit("mixed devices were not refused")
+    except ValueError as e:
+        assert want in str(e) and "(as pool)" in str(e), e
+mesh = jax.sharding.Mesh(np.array([d0, d1]), ("x",))
+spread = jax.device_put(jnp.zeros((1, 4, 2, 2)), jax.sharding.NamedSharding(
+    mesh, jax.sharding.PartitionSpec(None, "x")))
+try:
+    mj.ops.copy_temporal(spread, jnp.asarray(new_errors()), src, dst)
+    raise SystemExit("a sharded pool was not refused")
+except ValueError as e:
+    assert "pool is spread over 2 devices" in str(e), e
+print("ok")
+""")
+    env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", TRITON_INTERPRET="1")  # (also on a GPU machine)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=str(__import__("pathlib").Path(__file__)
+                                                    .resolve().parents[1]))
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="with x64 int64 ids are kept")
 @pytest.mark.parametrize("bad", [2**32 + 1, -(2**32) - 1, 2**40])
 def test_jax_int64_ids_outside_int32_stay_bad_without_x64(bad):

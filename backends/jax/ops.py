@@ -23,13 +23,41 @@ from .bridge import launch as launch_plan
 Array = jax.Array
 
 
-def spec(name: str, x: Any) -> K.ArraySpec:
+def spec(name: str, x: Any, exact: bool = False) -> K.ArraySpec:
     """What a plan needs to know of array ``x`` (argument ``name``): JAX arrays are
     row-major; the dtype is the one the kernel will see (``int64`` is ``int32`` without
-    x64)."""
-    if not hasattr(x, "dtype") or not hasattr(x, "shape"):
-        raise TypeError(f"{name} must be a jax array, got {type(x).__name__}")
-    return K.ArraySpec.row_major(tuple(x.shape), jax.dtypes.canonicalize_dtype(x.dtype).name)
+    x64), except a float dtype JAX would narrow (``float64`` without x64, refused as torch
+    refuses it) and, with ``exact`` (an array updated in place), any dtype."""
+    try:
+        want = jax.dtypes.canonicalize_dtype(x.dtype)
+        shape = tuple(x.shape)
+    except (AttributeError, TypeError):  # (a torch tensor's dtype is not one JAX reads)
+        raise TypeError(f"{name} must be a jax array, got {type(x).__name__}") from None
+    if want != x.dtype and (exact or jnp.issubdtype(x.dtype, jnp.floating)):
+        want = np.dtype(x.dtype)
+    return K.ArraySpec.row_major(shape, want.name)
+
+
+def _one_device(arrays: Mapping[str, Any]) -> None:
+    """Arrays given eagerly must each sit whole on one device, the same for those placed
+    there explicitly (committed; JAX moves the others), as in one jitted call (under
+    ``jax.jit`` they are tracers, and XLA places them)."""
+    first = None
+    for name, x in arrays.items():
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            continue
+        devices = x.devices()
+        if len(devices) != 1:
+            raise ValueError(f"{name} is spread over {len(devices)} devices: the ops take each "
+                             "array on one device (under a mesh, call them inside shard_map, "
+                             "as examples/serve_tp_jax.py does)")
+        if not x.committed:
+            continue
+        if first is None:
+            first = name, next(iter(devices))
+        elif next(iter(devices)) != first[1]:
+            raise ValueError(f"{name} is on {next(iter(devices))}, expected {first[1]} (as "
+                             f"{first[0]})")
 
 
 def _as_jax(name: str, x: Any, in_place: bool) -> Array:
@@ -55,7 +83,8 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
     """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
     returns every output by name (in-place ones updated). Not differentiable: ``jax.grad``
     through it raises (state copies and bookkeeping have no useful derivative)."""
-    plan = op.plan(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
+    plan = op.plan(**{n: spec(n, a, n in op.mutates) for n, a in arrays.items()}, **statics)
+    _one_device(arrays)
     arrays = {n: _as_jax(n, a, n in op.mutates) for n, a in arrays.items()}
     if plan.skip:
         return {n: arrays[plan.aliases[n]] if n in plan.aliases

@@ -65,6 +65,9 @@ def init_state(num_slots: int, dtype=jnp.int32) -> SlotArrays:
     ``[num_slots]`` of ``dtype`` (int32, or int64 with x64), and a clear error flag."""
     positive_int("num_slots", num_slots)
     index_dtype("dtype", jnp.dtype(dtype).name)
+    if jax.dtypes.canonicalize_dtype(dtype) != jnp.dtype(dtype):
+        raise TypeError(f"dtype {jnp.dtype(dtype).name} needs jax_enable_x64 (without it JAX "
+                        f"keeps {jax.dtypes.canonicalize_dtype(dtype).name}): use int32")
     return SlotArrays(jnp.full((num_slots,), -1, dtype), jnp.ones((num_slots,), dtype),
                       jnp.zeros((num_slots,), dtype), jnp.asarray(new_errors()))
 
