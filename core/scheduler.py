@@ -46,6 +46,7 @@ class Request:
     prefill_done: bool = False  # the last prefill chunk ran and a token was sampled
     status: str = "waiting"  # waiting | running | finished
     hit_tokens: int = 0  # tokens served from the prefix cache at the latest admission
+    cached_tokens: int = 0  # ... summed over its admissions (a preempted one comes back)
     num_preemptions: int = 0
 
     @property
@@ -65,8 +66,9 @@ def exact_drafter(request: Request, max_drafts: int) -> List[int]:
 def random_drafter(seed: int) -> Drafter:
     """A drafter proposing a random number of drafts of which a random leading part is
     correct; wrong drafts are token -2, which no true token equals. Deterministic in
-    ``(seed, request, position)``, so two runs of one workload (e.g. pre-copy and
-    copy-free) see the same drafts."""
+    ``(seed, request, position, max_drafts)``, so two runs of one workload that schedule
+    alike (e.g. pre-copy and copy-free) see the same drafts; runs that leave a row another
+    token budget (prefix caching on and off) may not."""
 
     def drafter(request: Request, max_drafts: int) -> List[int]:
         rng = random.Random(hash((seed, request.req_id, request.known, max_drafts)))
@@ -301,6 +303,7 @@ class Scheduler:
         req.has_window = False
         req.state_idx = hit_col
         req.hit_tokens = req.num_computed
+        req.cached_tokens += req.num_computed
         self.block_table[req.slot] = 0
         if hit_block is not None:
             self.block_table[req.slot, hit_col] = hit_block

@@ -45,8 +45,9 @@ def multi_turn_workload(cfg: ModelConfig, seed: int, conversations: int, block_s
     and the logits of running each request alone (:func:`generate`)."""
     rng = np.random.default_rng(seed)
     words = lambda n: tuple(int(t) for t in rng.integers(1, cfg.vocab, size=n))  # noqa: E731
+    # (a tail of 1 to B - 1 tokens; none where B = 1)
     first = {2 * c: (c, words(int(rng.integers(1, 4)) * block_size
-                              + int(rng.integers(1, block_size))))
+                              + (int(rng.integers(1, block_size)) if block_size > 1 else 0)))
              for c in range(conversations)}
     out1, lg1 = generate(forward_one, Workload(first, new_tokens))
     second = {r + 1: (8 + 2 * (r // 2), p + tuple(out1[r]) + words(int(rng.integers(1, 4))))
@@ -125,7 +126,8 @@ def step_inputs(batch, limit: np.ndarray, rows: Optional[int] = None,
 @dataclass
 class Served:
     """What one serving run produced: logits per computed position, the tokens of the
-    prefix cache it used and recomputed, draft counts, the copies of every step."""
+    prefix cache it used (per request, over all its admissions) and recomputed, draft
+    counts, the copies of every step."""
 
     logits: Logits = field(default_factory=dict)
     hit_tokens: Dict[int, int] = field(default_factory=dict)
@@ -161,11 +163,14 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
     scheduler records in the prefix cache, as they are when it records them. Without
     ``record``, the logits stay where the step left them (no checks of them, no
     ``logits`` kept): a timing run. Returns :class:`Served`."""
+    if not workload.requests:
+        raise ValueError("the workload has no requests")
     for rid, (_, prompt) in workload.requests.items():
         cfg.check_tokens(prompt, f"request {rid}'s prompt")
         cfg.check_tokens(outputs[rid], f"request {rid}'s outputs")
     cache = cfg.cache_config(block_size, num_spec)
-    max_len = max(len(p) for _, p in workload.requests.values()) + workload.new_tokens
+    max_len = max(len(p) + max(workload.new_tokens, len(outputs[rid]))
+                  for rid, (_, p) in workload.requests.items())
     sched = Scheduler(cache, num_blocks, max_num_seqs=max_num_seqs,
                       max_num_tokens=max_num_tokens, max_model_len=max_len,
                       drafter=perturbed_drafter(seed, cfg.vocab, miss),
@@ -183,9 +188,9 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
             continue
         batch = sched.schedule()
         out.preemptions += len(batch.preempted)
-        for rid in batch.req_ids:
-            if rid >= 0 and int(rid) not in out.hit_tokens:
-                out.hit_tokens[int(rid)] = sched.requests[int(rid)].hit_tokens
+        for rid in batch.req_ids:  # every admission's hits (a preempted request returns)
+            if rid >= 0:
+                out.hit_tokens[int(rid)] = sched.requests[int(rid)].cached_tokens
         before = {int(r): (sched.requests[int(r)].num_computed, sched.requests[int(r)].prefill_done)
                   for r in batch.req_ids if r >= 0}
         ns = sched.sample(batch)

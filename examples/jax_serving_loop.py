@@ -48,7 +48,8 @@ def toy_layer(pools, blocks, batch):
                 ssm = ssm.at[0, int(blocks.temporal_write[b, j])].set(st)
         c = n if spec else 1
         new = full[n - c + 1 : n - c + 1 + K - 2 + c]
-        conv = conv.at[0, int(blocks.conv_write[b]), : len(new)].set(new)
+        if int(blocks.conv_write[b]) >= 0:  # -1: no write (index -1 is a real block)
+            conv = conv.at[0, int(blocks.conv_write[b]), : len(new)].set(new)
         outs.append(y)
     return {"conv": conv, "ssm": ssm}, outs
 

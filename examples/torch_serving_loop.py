@@ -45,7 +45,8 @@ def toy_layer(pools, blocks, batch):
                 ssm[int(blocks.temporal_write[b, j])] = st
         c = n if spec else 1  # candidates kept in the new conv window
         new = full[n - c + 1 : n - c + 1 + K - 2 + c]
-        conv[int(blocks.conv_write[b]), : len(new)] = new
+        if int(blocks.conv_write[b]) >= 0:  # -1: no write (conv[-1] is a real block)
+            conv[int(blocks.conv_write[b]), : len(new)] = new
         outs.append(y)
     return outs
 

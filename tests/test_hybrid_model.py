@@ -173,6 +173,77 @@ def test_serving_refuses_a_request_outside_the_vocabulary():
         serve(TINY, work, {0: [1]}, None, block_size=4, num_spec=1, num_blocks=8)
 
 
+def test_serving_counts_the_cache_hits_of_every_admission(monkeypatch):
+    # a preempted request is admitted again, often from the prefix cache: its hits count
+    # too (they were dropped: only a request's first admission was counted)
+    import mamba_align.core.scheduler as sched_mod
+    from hybrid_serving import Workload, serve
+    admissions = []
+    admit = sched_mod.Scheduler._admit
+
+    def spy(self, req, hit_col, hit_block):
+        admit(self, req, hit_col, hit_block)
+        admissions.append((req.req_id, req.num_computed))
+    monkeypatch.setattr(sched_mod.Scheduler, "_admit", spy)
+
+    def step(inputs, sample):  # no model: the bookkeeping alone decides the hits
+        return np.zeros((len(inputs.tokens), TINY.vocab), np.float32), sample()
+    rng = np.random.default_rng(0)
+    prefix = tuple(int(x) for x in rng.integers(1, TINY.vocab, 9))
+    work = Workload({i: (0, prefix + (i + 1,)) for i in range(4)}, 8)
+    outputs = {i: [int(x) for x in rng.integers(1, TINY.vocab, 8)] for i in range(4)}
+    served = serve(TINY, work, outputs, step, block_size=4, num_spec=2, num_blocks=7,
+                   check_argmax=False)
+    hits = {}  # request -> the cached tokens of each of its admissions
+    for r, n in admissions:
+        hits.setdefault(r, []).append(n)
+    assert served.preemptions > 0
+    assert any(len(h) > 1 and any(h[1:]) for h in hits.values())  # back from the cache
+    assert served.hit_tokens == {r: sum(h) for r, h in hits.items()}
+
+
+def test_serving_helpers_take_the_edges_of_their_arguments():
+    from hybrid_serving import Workload, multi_turn_workload, serve
+
+    def forward_one(tokens, read, write):  # no model: token 1 follows every token
+        lg = np.zeros((len(tokens), TINY.vocab), np.float32)
+        lg[:, 1] = 1
+        return lg
+    # block size 1: no tail of 1 to B - 1 tokens (NumPy's "low >= high" before)
+    work, outputs, _ = multi_turn_workload(TINY, 0, 2, 1, 2, forward_one)
+    assert all(1 <= len(p) for _, p in work.requests.values())
+    assert all(o == [1, 1] for o in outputs.values())
+    with pytest.raises(ValueError, match="the workload has no requests"):
+        serve(TINY, Workload({}, 1), {}, None, block_size=4, num_spec=1, num_blocks=8)
+
+    def step(inputs, sample):
+        return np.zeros((len(inputs.tokens), TINY.vocab), np.float32), sample()
+    # outputs longer than new_tokens: the model length follows them ("exceeds
+    # max_model_len" before)
+    served = serve(TINY, Workload({0: (0, (1, 2, 3))}, 1), {0: [4, 5, 6]}, step, block_size=4,
+                   num_spec=1, num_blocks=8, check_argmax=False)
+    assert served.computed_tokens >= 5
+
+
+def test_the_toy_layers_drop_a_write_to_no_block():
+    # the serving-loop examples' toy layer: a write block of -1 is "no write"; index -1
+    # would be the pool's last block
+    import torch
+    from types import SimpleNamespace
+
+    import torch_serving_loop as loop
+    from prefix_scenario import CFG, NUM_BLOCKS
+    pools = {n: torch.zeros(CFG.pool_shape(n, NUM_BLOCKS), device=loop.dev) for n in CFG.states}
+    i64 = lambda *v: torch.tensor([list(v)] if len(v) > 1 else v, device=loop.dev)  # noqa
+    blocks = SimpleNamespace(temporal_read=i64(-1), conv_read=i64(-1), conv_read_bias=i64(0),
+                             temporal_write=i64(2, -1, -1)[:, :1 + CFG.num_spec],
+                             conv_write=i64(-1))
+    batch = SimpleNamespace(tokens=[(3, 4)], idx_mapping=[0], is_spec=[False])
+    loop.toy_layer(pools, blocks, batch)
+    assert not pools["conv"].any()  # nothing written anywhere
+    assert pools["ssm"][0, 2].any()  # (the temporal write went where it was told)
+
+
 def test_init_weights_and_shards_are_what_the_configs_need():
     from dataclasses import replace
 
