@@ -46,6 +46,7 @@ class Request:
     prefill_done: bool = False  # the last prefill chunk ran and a token was sampled
     status: str = "waiting"  # waiting | running | finished
     hit_tokens: int = 0  # tokens served from the prefix cache at the latest admission
+    prompt_hit_tokens: int = 0  # ... at its first admission: prompt tokens only
     cached_tokens: int = 0  # ... summed over its admissions (a preempted one comes back)
     num_preemptions: int = 0
 
@@ -303,6 +304,8 @@ class Scheduler:
         req.has_window = False
         req.state_idx = hit_col
         req.hit_tokens = req.num_computed
+        if req.num_preemptions == 0:
+            req.prompt_hit_tokens = req.num_computed
         req.cached_tokens += req.num_computed
         self.block_table[req.slot] = 0
         if hit_block is not None:

@@ -126,11 +126,13 @@ def step_inputs(batch, limit: np.ndarray, rows: Optional[int] = None,
 @dataclass
 class Served:
     """What one serving run produced: logits per computed position, the tokens of the
-    prefix cache it used (per request, over all its admissions) and recomputed, draft
-    counts, the copies of every step."""
+    prefix cache it used and recomputed, draft counts, the copies of every step."""
 
     logits: Logits = field(default_factory=dict)
+    #: per request, the prompt tokens served from the prefix cache at its first admission
     hit_tokens: Dict[int, int] = field(default_factory=dict)
+    #: ... and the tokens served from it when it came back after a preemption
+    readmit_hit_tokens: Dict[int, int] = field(default_factory=dict)
     computed_tokens: int = 0
     drafts: int = 0
     accepted: int = 0
@@ -188,9 +190,12 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
             continue
         batch = sched.schedule()
         out.preemptions += len(batch.preempted)
-        for rid in batch.req_ids:  # every admission's hits (a preempted request returns)
+        for rid in batch.req_ids:  # (each admission's row is in that step's batch)
             if rid >= 0:
-                out.hit_tokens[int(rid)] = sched.requests[int(rid)].cached_tokens
+                req = sched.requests[int(rid)]
+                out.hit_tokens[int(rid)] = req.prompt_hit_tokens
+                if req.cached_tokens > req.prompt_hit_tokens:
+                    out.readmit_hit_tokens[int(rid)] = req.cached_tokens - req.prompt_hit_tokens
         before = {int(r): (sched.requests[int(r)].num_computed, sched.requests[int(r)].prefill_done)
                   for r in batch.req_ids if r >= 0}
         ns = sched.sample(batch)

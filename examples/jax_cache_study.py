@@ -123,7 +123,7 @@ def study(B: int, S: int, chats) -> dict:
     reqs = sched.requests.values()
     prompt = sum(r.prompt_len for r in reqs)
     block_bytes = SSM_BYTES + (CONV_K - 1 + S) * CONV_D * 2
-    return dict(B=B, S=S, steps=steps, prompt=prompt, hit=sum(r.cached_tokens for r in reqs),
+    return dict(B=B, S=S, steps=steps, prompt=prompt, hit=sum(r.prompt_hit_tokens for r in reqs),
                 prefill=prefill, acceptance=accepted / drafts if drafts else None,
                 peak_blocks=peak, cached_blocks=cached_peak,
                 state_gib=peak * block_bytes * LAYERS / 2**30,

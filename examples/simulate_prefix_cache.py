@@ -78,7 +78,7 @@ def run(mode: str, prefix_caching: bool, users: int = 6, turns: int = 4) -> dict
         steps=steps,
         rows_checked=rows,
         prefill_tokens=prefill,
-        hit_tokens=sum(r.cached_tokens for r in reqs),
+        hit_tokens=sum(r.prompt_hit_tokens for r in reqs),
         preemptions=sum(r.num_preemptions for r in reqs),
         block_copies=runner.block_copies,
     )

@@ -174,8 +174,9 @@ def test_serving_refuses_a_request_outside_the_vocabulary():
 
 
 def test_serving_counts_the_cache_hits_of_every_admission(monkeypatch):
-    # a preempted request is admitted again, often from the prefix cache: its hits count
-    # too (they were dropped: only a request's first admission was counted)
+    # a preempted request is admitted again, often from the prefix cache: those hits are
+    # reported beside the prompt's (they were dropped: only a request's first admission
+    # was counted)
     import mamba_align.core.scheduler as sched_mod
     from hybrid_serving import Workload, serve
     admissions = []
@@ -199,7 +200,9 @@ def test_serving_counts_the_cache_hits_of_every_admission(monkeypatch):
         hits.setdefault(r, []).append(n)
     assert served.preemptions > 0
     assert any(len(h) > 1 and any(h[1:]) for h in hits.values())  # back from the cache
-    assert served.hit_tokens == {r: sum(h) for r, h in hits.items()}
+    assert served.hit_tokens == {r: h[0] for r, h in hits.items()}
+    assert served.readmit_hit_tokens == {r: sum(h[1:]) for r, h in hits.items() if sum(h[1:])}
+    assert all(served.hit_tokens[r] < len(p) for r, (_, p) in work.requests.items())
 
 
 def test_serving_helpers_take_the_edges_of_their_arguments():
@@ -225,23 +228,34 @@ def test_serving_helpers_take_the_edges_of_their_arguments():
     assert served.computed_tokens >= 5
 
 
-def test_the_toy_layers_drop_a_write_to_no_block():
-    # the serving-loop examples' toy layer: a write block of -1 is "no write"; index -1
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_the_toy_layers_drop_a_write_to_no_block(backend):
+    # the serving-loop examples' toy layers: a write block of -1 is "no write"; index -1
     # would be the pool's last block
-    import torch
     from types import SimpleNamespace
 
-    import torch_serving_loop as loop
     from prefix_scenario import CFG, NUM_BLOCKS
-    pools = {n: torch.zeros(CFG.pool_shape(n, NUM_BLOCKS), device=loop.dev) for n in CFG.states}
-    i64 = lambda *v: torch.tensor([list(v)] if len(v) > 1 else v, device=loop.dev)  # noqa
-    blocks = SimpleNamespace(temporal_read=i64(-1), conv_read=i64(-1), conv_read_bias=i64(0),
-                             temporal_write=i64(2, -1, -1)[:, :1 + CFG.num_spec],
-                             conv_write=i64(-1))
+    window = np.full((1, 1 + CFG.num_spec), -1)
+    window[0, 0] = 2
+    ids = dict(temporal_read=[-1], conv_read=[-1], conv_read_bias=[0], temporal_write=window,
+               conv_write=[-1])
     batch = SimpleNamespace(tokens=[(3, 4)], idx_mapping=[0], is_spec=[False])
-    loop.toy_layer(pools, blocks, batch)
-    assert not pools["conv"].any()  # nothing written anywhere
-    assert pools["ssm"][0, 2].any()  # (the temporal write went where it was told)
+    if backend == "torch":
+        import torch
+        import torch_serving_loop as loop
+        pools = {n: torch.zeros(CFG.pool_shape(n, NUM_BLOCKS), device=loop.dev)
+                 for n in CFG.states}
+        blocks = SimpleNamespace(**{k: torch.tensor(np.asarray(v), device=loop.dev)
+                                    for k, v in ids.items()})
+        loop.toy_layer(pools, blocks, batch)
+    else:
+        import jax.numpy as jnp
+        import jax_serving_loop as loop
+        blocks = SimpleNamespace(**{k: jnp.asarray(np.asarray(v)) for k, v in ids.items()})
+        pools, _ = loop.toy_layer({n: jnp.zeros(CFG.pool_shape(n, NUM_BLOCKS))
+                                   for n in CFG.states}, blocks, batch)
+    assert not np.asarray(pools["conv"]).any()  # nothing written anywhere
+    assert np.asarray(pools["ssm"])[0, 2].any()  # (the temporal write went where it was told)
 
 
 def test_init_weights_and_shards_are_what_the_configs_need():

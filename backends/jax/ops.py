@@ -40,17 +40,19 @@ def spec(name: str, x: Any, exact: bool = False) -> K.ArraySpec:
 
 def _one_device(arrays: Mapping[str, Any]) -> None:
     """Arrays given eagerly must each sit whole on one device, the same for those placed
-    there explicitly (committed; JAX moves the others), as in one jitted call (under
-    ``jax.jit`` they are tracers, and XLA places them)."""
+    there explicitly (committed; JAX moves the others). Called where a trace has made
+    every value a tracer (``jax.jit``, also of arrays the function closed over): XLA
+    places those."""
     first = None
     for name, x in arrays.items():
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
             continue
         devices = x.devices()
         if len(devices) != 1:
-            raise ValueError(f"{name} is spread over {len(devices)} devices: the ops take each "
-                             "array on one device (under a mesh, call them inside shard_map, "
-                             "as examples/serve_tp_jax.py does)")
+            raise ValueError(f"{name} is placed on {len(devices)} devices (sharded or "
+                             "replicated): the ops take each array on one device (under a "
+                             "mesh, call them inside shard_map, as examples/serve_tp_jax.py "
+                             "does)")
         if not x.committed:
             continue
         if first is None:
@@ -84,7 +86,6 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
     returns every output by name (in-place ones updated). Not differentiable: ``jax.grad``
     through it raises (state copies and bookkeeping have no useful derivative)."""
     plan = op.plan(**{n: spec(n, a, n in op.mutates) for n, a in arrays.items()}, **statics)
-    _one_device(arrays)
     arrays = {n: _as_jax(n, a, n in op.mutates) for n, a in arrays.items()}
     if plan.skip:
         return {n: arrays[plan.aliases[n]] if n in plan.aliases
@@ -96,6 +97,7 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
     @jax.custom_jvp
     def run(*values):
         args = dict(zip(names, values))
+        _one_device(args)  # (eager only: under a trace the values are tracers)
         for n, d in plan.views.items():  # copies see pools as same-width integers
             if args[n].dtype != jnp.dtype(d):
                 args[n] = jax.lax.bitcast_convert_type(args[n], jnp.dtype(d))

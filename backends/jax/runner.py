@@ -64,6 +64,8 @@ def init_state(num_slots: int, dtype=jnp.int32) -> SlotArrays:
     """Empty bookkeeping: ``state_idx = -1``, ``acc = 1``, ``num_computed = 0``, each
     ``[num_slots]`` of ``dtype`` (int32, or int64 with x64), and a clear error flag."""
     positive_int("num_slots", num_slots)
+    if dtype is int:  # Python's int: JAX's default integer (int64 with x64, int32 without)
+        dtype = jax.dtypes.canonicalize_dtype(int)
     index_dtype("dtype", jnp.dtype(dtype).name)
     if jax.dtypes.canonicalize_dtype(dtype) != jnp.dtype(dtype):
         raise TypeError(f"dtype {jnp.dtype(dtype).name} needs jax_enable_x64 (without it JAX "
@@ -85,7 +87,7 @@ def clear_errors(state: SlotArrays) -> SlotArrays:
 
 
 def _describe(label: str, pool) -> tuple:
-    spec = ops.spec(label, pool)
+    spec = ops.spec(label, pool, exact=True)  # (updated in place: JAX must not narrow it)
     return spec.shape, spec.dtype
 
 

@@ -75,11 +75,9 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
     in-place arrays are updated, new outputs returned by name."""
     plan = _plan(op, arrays, statics)
     dev = _device(arrays)
-    if K.interpreted(plan.kernel):
-        if dev.type not in ("cpu", "cuda"):  # (the interpreter reads host memory or copies)
-            raise ValueError(f"the tensors are on {dev}: Triton's interpreter, which runs the "
-                             "kernels here, takes CPU (or CUDA) tensors")
-    elif dev.type != "cuda":
+    if dev.type == "meta":
+        raise ValueError("the tensors are on meta: they hold no data for the kernels")
+    if dev.type != "cuda" and not K.interpreted(plan.kernel):
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
@@ -95,6 +93,7 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
             _align_inputs(plan, args)
         for out, src in plan.aliases.items():  # in place: the input passed twice
             args[out] = args[src]
+        _bump_versions([arrays[n] for n in plan.aliases.values()])  # (checks passed)
         plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, **plan.launch_options)
     return outs
 
@@ -223,7 +222,6 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
         if len(op.returns) == 1:
             res = (res,)
         return dict(zip(op.returns, res)) if op.returns else None
-    _bump_versions([arrays[n] for n in op.mutates])  # before: nothing is left half done
     outs = launch(op, arrays, statics)
     return outs if op.returns else None
 
