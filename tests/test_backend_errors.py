@@ -404,6 +404,13 @@ except ValueError as e:
 w1, x0 = jax.device_put(jnp.ones(8), d1), jax.device_put(jnp.ones((2, 8)), d0)
 for f in (lambda x: mj.ops.rms_norm(x, w1)["y"], lambda x: mj.ops.rms_norm(x0, w1)["y"]):
     assert np.allclose(np.asarray(jax.jit(f)(x0)), 1, atol=1e-5)
+# a launch with no rows runs nothing, and still refuses
+try:
+    mj.ops.copy_temporal(pool, jax.device_put(jnp.asarray(new_errors()), d0),
+                         jnp.zeros(0, jnp.int32), jnp.zeros(0, jnp.int32))
+    raise SystemExit("mixed devices were not refused on an empty launch")
+except ValueError as e:
+    assert "errors is on" in str(e), e
 print("ok")
 """)
     env = dict(__import__("os").environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
@@ -565,11 +572,16 @@ def test_torch_version_bumps_pass_over_inference_tensors(monkeypatch, one_at_a_t
     assert not one_at_a_time or any(t is pool for t in seen)
 
 
-def test_torch_a_refused_call_leaves_the_version_counter(monkeypatch):
-    # as torch's own in-place ops: a call refused before its kernel changes nothing
+@pytest.mark.parametrize("grad_input", [False, True])
+def test_torch_a_refused_call_leaves_the_version_counter(grad_input):
+    # as torch's own in-place ops: a call refused before its kernel changes nothing, also
+    # on the custom op's path (an input that requires grad), where torch bumps the arrays
+    # an op updates before the op runs
     pool = torch.zeros(1, 4, 3, 8, device=DEV)
     args = list(_conv_args(pool))
     args[1] = torch.zeros(2, dtype=torch.int64, device=DEV)  # the flag must be int32
+    if grad_input:
+        args[3].requires_grad_()  # the weight
     v0 = pool._version
     with pytest.raises(TypeError, match="errors"):
         tops.conv1d_update_(*args, layer=0, layout="SD")

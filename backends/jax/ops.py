@@ -40,9 +40,9 @@ def spec(name: str, x: Any, exact: bool = False) -> K.ArraySpec:
 
 def _one_device(arrays: Mapping[str, Any]) -> None:
     """Arrays given eagerly must each sit whole on one device, the same for those placed
-    there explicitly (committed; JAX moves the others). Called where a trace has made
-    every value a tracer (``jax.jit``, also of arrays the function closed over): XLA
-    places those."""
+    there explicitly (committed; JAX moves the others). Under a trace (``jax.jit``) the
+    check does nothing: it runs in the launch's traced body, where every value, also an
+    array the function closed over, is a tracer, and XLA places them."""
     first = None
     for name, x in arrays.items():
         if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
@@ -87,7 +87,9 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
     through it raises (state copies and bookkeeping have no useful derivative)."""
     plan = op.plan(**{n: spec(n, a, n in op.mutates) for n, a in arrays.items()}, **statics)
     arrays = {n: _as_jax(n, a, n in op.mutates) for n, a in arrays.items()}
-    if plan.skip:
+    if plan.skip:  # (no traced body below: checked here unless a trace is visible)
+        if not any(isinstance(a, jax.core.Tracer) for a in arrays.values()):
+            _one_device(arrays)
         return {n: arrays[plan.aliases[n]] if n in plan.aliases
                 else jnp.zeros(plan.out_specs[n].shape,
                                jax.dtypes.canonicalize_dtype(plan.out_specs[n].dtype))

@@ -70,9 +70,8 @@ def _plan(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any],
     return build(**{n: spec(n, a) for n, a in arrays.items()}, **statics)
 
 
-def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> Dict[str, Tensor]:
-    """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
-    in-place arrays are updated, new outputs returned by name."""
+def _checked(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> tuple:
+    """``op``'s plan for ``arrays`` and their device, once both are known good."""
     plan = _plan(op, arrays, statics)
     dev = _device(arrays)
     if dev.type == "meta":
@@ -81,6 +80,13 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
         raise ValueError(f"the tensors are on {dev}: the kernels run compiled on CUDA devices "
                          "(Triton's CPU interpreter is used only when no GPU is present, or "
                          "with TRITON_INTERPRET=1 set before triton is imported)")
+    return plan, dev
+
+
+def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -> Dict[str, Tensor]:
+    """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
+    in-place arrays are updated, new outputs returned by name."""
+    plan, dev = _checked(op, arrays, statics)
     # a launch that computes nothing returns zeros, as the JAX launcher does
     alloc = torch.zeros if plan.skip else torch.empty
     outs = {n: alloc(o.shape, dtype=dtype(o.dtype), device=dev)
@@ -215,8 +221,10 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
                 f"{op.name}_ updates {n} in place and {n} requires grad: the op is not "
                 f"differentiable; pass a {n} that does not require grad, or call it under "
                 "torch.no_grad()")
-    if torch.compiler.is_compiling() or (
-            grad and any(getattr(a, "requires_grad", False) for a in arrays.values())):
+    compiling = torch.compiler.is_compiling()
+    if compiling or (grad and any(getattr(a, "requires_grad", False) for a in arrays.values())):
+        if not compiling and op.mutates:  # torch bumps what it updates before the launch's
+            _checked(op, arrays, statics)  # checks: a refused call must change nothing
         res = _CUSTOM[op.name](*(arrays[n] for n in op.arrays),
                                *(statics[n] for n in op.static_names))
         if len(op.returns) == 1:
