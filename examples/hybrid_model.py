@@ -159,33 +159,20 @@ def init_weights(cfg: ModelConfig, seed: int = 0) -> Dict[str, np.ndarray]:
     ``1 / sqrt(fan_in)``, norms near 1, gates in the ranges Qwen3-Next initialises them
     to. ``A_log`` and ``dt_bias`` are fp32, everything else in ``cfg.dtype``."""
     rng = np.random.default_rng(seed)
-    dt = ml_dtypes.bfloat16 if cfg.dtype == "bfloat16" else np.dtype(cfg.dtype)
-
-    def proj(n_in, n_out):
-        return (rng.normal(size=(n_in, n_out)) / np.sqrt(n_in)).astype(dt)
-
-    def norm(n):
-        return (1 + 0.1 * rng.normal(size=n)).astype(dt)
-
-    w = {"embed": rng.normal(size=(cfg.vocab, cfg.d_model)).astype(dt)}
-    for i in range(cfg.layers):
-        p = f"l{i}."
-        w[p + "norm1"] = norm(cfg.d_model)
-        w[p + "w_qkvz"] = proj(cfg.d_model, cfg.d_conv + cfg.d_value)
-        w[p + "w_ba"] = proj(cfg.d_model, 2 * cfg.value_heads)
-        w[p + "conv_w"] = (rng.normal(size=(cfg.d_conv, cfg.conv_kernel))
-                           / np.sqrt(cfg.conv_kernel)).astype(dt)
-        w[p + "conv_b"] = (0.1 * rng.normal(size=cfg.d_conv)).astype(dt)
-        w[p + "A_log"] = np.log(rng.uniform(1, 16, size=cfg.value_heads)).astype(np.float32)
-        w[p + "dt_bias"] = rng.uniform(-1, 1, size=cfg.value_heads).astype(np.float32)
-        w[p + "onorm"] = norm(cfg.head_v)
-        w[p + "w_o"] = proj(cfg.d_value, cfg.d_model)
-        w[p + "norm2"] = norm(cfg.d_model)
-        w[p + "w_gate"] = proj(cfg.d_model, cfg.mlp)
-        w[p + "w_up"] = proj(cfg.d_model, cfg.mlp)
-        w[p + "w_down"] = proj(cfg.mlp, cfg.d_model)
-    w["norm_f"] = norm(cfg.d_model)
-    w["lm_head"] = proj(cfg.d_model, cfg.vocab)
+    draw = {  # by the weight's last name part; each from the shape weight_specs gives
+        "embed": lambda shape: rng.normal(size=shape),
+        "conv_w": lambda shape: rng.normal(size=shape) / np.sqrt(shape[1]),
+        "conv_b": lambda shape: 0.1 * rng.normal(size=shape),
+        "A_log": lambda shape: np.log(rng.uniform(1, 16, size=shape)),
+        "dt_bias": lambda shape: rng.uniform(-1, 1, size=shape),
+    }
+    norm = lambda shape: 1 + 0.1 * rng.normal(size=shape)  # noqa: E731
+    proj = lambda shape: rng.normal(size=shape) / np.sqrt(shape[0])  # noqa: E731  (fan in)
+    w = {}
+    for name, (shape, dtype) in weight_specs(cfg).items():  # (its order is the draws')
+        kind = name.rsplit(".", 1)[-1]
+        make = draw.get(kind, norm if "norm" in kind else proj)
+        w[name] = make(shape).astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     return w
 
 
