@@ -20,7 +20,8 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
                    next_pow2, pool_scalars)
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, aligned_base, flag_row, range_fault
+from .rows import (aligned_base, candidate_block, clear_faulty_row, flag_row, recurrent_fault,
+                   recurrent_row)
 
 STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
@@ -108,14 +109,9 @@ def _gdn(
     i_hv = (pid // num_tiles) % HV
     i_v = pid % num_tiles
     i_h = i_hv // GROUP
-    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
-    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
-    n = t1 - t0
-    rb = tl.load(read_block_ptr + row).to(tl.int64)
-    spec = tl.load(is_spec_ptr + row) != 0
-    jw = tl.arange(0, WIN_PAD)
-    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=jw < WIN, other=-1).to(tl.int64)
-    wb = tl.where(jw < tl.where(spec, n, 1), wb, -1)  # the blocks the row writes
+    t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
+                                                write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
+                                                WIN_PAD)
 
     kk = tl.arange(0, BK).to(tl.int64)
     vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
@@ -149,17 +145,11 @@ def _gdn(
             (t0 >= 0) & (t0 < num_tokens) & (n > 0), qk_head, v_head, i_hv, qk_stride_t,
             v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN, V_ALIGN)
 
-    fault = range_fault(t0, t1, num_tokens)
-    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
-    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
-    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
+    fault = recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN)
     if (i_hv == 0) & (i_v == 0):
         flag_row(errors_ptr, row, fault)
     out_o = o_ptr + i_hv * V + vv
-    if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):  # a faulty row's o is 0
-        for t in range(t0, t1):
-            tl.store(out_o + t * HV * V, tl.zeros((BV,), o_ptr.dtype.element_ty),
-                     mask=vmask)
+    clear_faulty_row(out_o, t0, t1, HV * V, fault, vmask, BV)
     if fault == 0:
         tl.debug_barrier()  # the whole initial state is loaded before any store
         if STATE_FIRST:  # the row's entries are in range now
@@ -192,7 +182,7 @@ def _gdn(
             tl.store(out_o + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
             # one store site for both kinds of row: candidate j (the state after j + 1
             # tokens) on spec rows, the final state to write block 0 on others
-            wj = tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
+            wj = candidate_block(jw, wb, spec, j)
             if spec | (j == n - 1):
                 tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + h_offs,
                          h.to(pool_ptr.dtype.element_ty), mask=hmask & (wj >= 0),
