@@ -95,6 +95,24 @@ def seqlen_faults(cu_seqlens: np.ndarray, num_tokens: int) -> np.ndarray:
     return np.where(bad, int(Fault.BAD_CU_SEQLENS), 0).astype(np.int64)
 
 
+def recurrent_faults(num_blocks: int, num_spec: int, seq_len: np.ndarray,
+                     read_block: np.ndarray, write_blocks: np.ndarray,
+                     is_spec: np.ndarray) -> np.ndarray:
+    """Fault bits per row (int64 ``[rows]``) of a recurrence's launch (gated delta rule,
+    selective state update) over a pool of ``num_blocks`` blocks: a read block or a used
+    write block outside ``[-1, NB)``, a spec row longer than ``1 + num_spec`` tokens. Only
+    the write blocks a row uses are looked at (spec: ``T``, else 1)."""
+    rb, wb = np.asarray(read_block, np.int64), np.asarray(write_blocks, np.int64)
+    spec = np.asarray(is_spec).astype(bool)
+    seq_len = np.asarray(seq_len, np.int64)
+    used = np.arange(wb.shape[1])[None, :] < np.where(spec, seq_len, 1)[:, None]
+    bad_w = (used & ((wb < -1) | (wb >= num_blocks))).any(axis=1)
+    bad = (rb < -1) | (rb >= num_blocks) | bad_w
+    too_long = spec & (seq_len > 1 + num_spec)
+    return (np.where(bad, int(Fault.BAD_BLOCK), 0)
+            | np.where(too_long, int(Fault.BAD_QUERY_LEN), 0)).astype(np.int64)
+
+
 def flag_of(fault) -> np.ndarray:
     """The error flag (int32 ``[2]``: ``[bits, lowest faulty row]``) a launch leaves for
     the per-row fault bits ``fault`` (int ``[rows]``, 0 = a good row) a reference returns."""

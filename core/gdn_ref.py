@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from .faults import Fault, seqlen_faults
+from .faults import recurrent_faults, seqlen_faults
 
 LAYOUTS = ("VK", "KV")  # the state of one value head: [V, K] (K-last) or [K, V]
 
@@ -38,21 +38,6 @@ def gates(A_log: np.ndarray, a: np.ndarray, dt_bias: np.ndarray,
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     g = -np.exp(A_log.astype(np.float64)) * softplus(a64 + dt_bias.astype(np.float64))
     return g, 1 / (1 + np.exp(-b64))
-
-
-def gdn_faults(num_blocks: int, num_spec: int, seq_len: np.ndarray, read_block: np.ndarray,
-               write_blocks: np.ndarray, is_spec: np.ndarray) -> np.ndarray:
-    """Fault bits per row (int64 ``[rows]``) of a launch over a pool of ``num_blocks``
-    blocks: only the write blocks a row uses are looked at (spec: ``T``, else 1)."""
-    rb, wb = np.asarray(read_block, np.int64), np.asarray(write_blocks, np.int64)
-    spec = np.asarray(is_spec).astype(bool)
-    seq_len = np.asarray(seq_len, np.int64)
-    used = np.arange(wb.shape[1])[None, :] < np.where(spec, seq_len, 1)[:, None]
-    bad_w = (used & ((wb < -1) | (wb >= num_blocks))).any(axis=1)
-    bad = (rb < -1) | (rb >= num_blocks) | bad_w
-    too_long = spec & (seq_len > 1 + num_spec)
-    return (np.where(bad, int(Fault.BAD_BLOCK), 0)
-            | np.where(too_long, int(Fault.BAD_QUERY_LEN), 0)).astype(np.int64)
 
 
 def gated_delta_rule_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pool: np.ndarray,
@@ -95,7 +80,7 @@ def gated_delta_rule_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, pool: np.n
     read_block, write_blocks = np.asarray(read_block, np.int64), np.asarray(write_blocks, np.int64)
     is_spec = np.asarray(is_spec).astype(bool)
     num_spec = write_blocks.shape[1] - 1
-    fault = (gdn_faults(vk.shape[0], num_spec, np.diff(cu), read_block, write_blocks, is_spec)
+    fault = (recurrent_faults(vk.shape[0], num_spec, np.diff(cu), read_block, write_blocks, is_spec)
              | seqlen_faults(cu, T))
     initial = vk.astype(np.float64)  # every row reads before any row writes
     out = pool.copy()

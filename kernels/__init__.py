@@ -30,6 +30,8 @@ from .resolve import PREPROCESS_RESOLVE, plan_preprocess_resolve  # noqa: E402
 from .conv1d import CONV1D_UPDATE, plan_conv1d_update  # noqa: E402
 from .gdn import (GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES,  # noqa: E402
                   plan_gated_delta_rule, plan_gated_delta_rule_fused_gates)
+from .selective_state import (SELECTIVE_STATE_UPDATE,  # noqa: E402
+                              plan_selective_state_update)
 from .dense import (LINEAR, RMS_NORM, RMS_NORM_GATED, SILU_MUL, plan_linear,  # noqa: E402
                     plan_rms_norm, plan_rms_norm_gated, plan_silu_mul)
 
@@ -42,8 +44,8 @@ def interpreted(kernel) -> bool:
 
 #: Every operation both backends expose (one generic launcher each).
 OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, CONV1D_UPDATE,
-       GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES, LINEAR, RMS_NORM, RMS_NORM_GATED,
-       SILU_MUL)
+       GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES, SELECTIVE_STATE_UPDATE, LINEAR, RMS_NORM,
+       RMS_NORM_GATED, SILU_MUL)
 
 __all__ = [
     "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
@@ -51,6 +53,7 @@ __all__ = [
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
     "CONV1D_UPDATE", "plan_conv1d_update", "GATED_DELTA_RULE", "GATED_DELTA_RULE_FUSED_GATES",
     "plan_gated_delta_rule", "plan_gated_delta_rule_fused_gates",
+    "SELECTIVE_STATE_UPDATE", "plan_selective_state_update",
     "LINEAR", "RMS_NORM", "RMS_NORM_GATED", "SILU_MUL", "plan_linear", "plan_rms_norm",
     "plan_rms_norm_gated", "plan_silu_mul",
     "plan_add_requests", "plan_preprocess_resolve", "plan_postprocess",

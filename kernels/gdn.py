@@ -41,6 +41,12 @@ STATE_FIRST_BELOW = 2
 
 
 @triton.jit
+def softplus(x):
+    """``log(1 + exp(x))``, and ``x`` itself above 20 (fp32)."""
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
 def _token_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head, i_hv,
                   qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask,
                   QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr):
@@ -166,7 +172,7 @@ def _gdn(
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
             if FUSED_GATES:
                 x = ga.to(tl.float32) + dt_bias
-                g = -A * tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+                g = -A * softplus(x)
                 beta = tl.sigmoid(gb.to(tl.float32))
             else:
                 g = ga.to(tl.float32)

@@ -34,12 +34,14 @@ from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
 from mamba_align.core.faults import NO_ROW
 from mamba_align.core import dense_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
+from mamba_align.core.selective_state_ref import selective_state_update_ref
 from copy_oracles import copy_plan  # noqa: E402  (tests/ is on sys.path)
 
 BACKENDS = ("reference", "torch", "jax")
 DEVICE_BACKENDS = ("torch", "jax")  # the kernels: they skip what the core rejects
 COPY_PLAN = ("copy_tsrc", "copy_csrc", "copy_dst", "copy_bias")
 BLOCKS = ("temporal_read", "conv_read", "conv_read_bias", "temporal_write", "conv_write")
+SSU_INPUTS = ("x", "dt", "A", "B", "C", "D", "dt_bias")  # the selective state update's
 
 
 def slots(state_idx, acc, num_computed) -> SlotState:
@@ -88,6 +90,9 @@ class Backend:
 
     # gates: {"g", "beta"} or {"a", "b", "A_log", "dt_bias"}; opts: scale, use_qk_l2norm, layout
     def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts): ...
+
+    # ins: the selective state update's SSU_INPUTS by name; opts: dt_softplus
+    def ssu(self, pool, ins, cu, rb, wbs, spec, *, layer, **opts): ...
 
     # a dense op (linear, rms_norm, rms_norm_gated, silu_mul) -> y (float64 in the reference)
     def dense(self, op, *arrays, **statics): ...
@@ -156,6 +161,12 @@ class Reference(Backend):
         o, out[layer], fault = gated_delta_rule_ref(q, k, v, pool[layer], cu, rb, wbs, spec,
                                                     **gates, **opts)
         return o, out, flag_of(fault).astype(np.int64)
+
+    def ssu(self, pool, ins, cu, rb, wbs, spec, *, layer, **opts):
+        out = pool.copy()
+        y, out[layer], fault = selective_state_update_ref(*(ins[n] for n in SSU_INPUTS),
+                                                          pool[layer], cu, rb, wbs, spec, **opts)
+        return y, out, flag_of(fault).astype(np.int64)
 
     def dense(self, op, *arrays, **statics):
         if op == "rms_norm_gated":
@@ -258,6 +269,13 @@ class Torch(Backend):
                self.ids(rb), self.ids(wbs), self.flags(spec), layer=layer, **opts)["o"]
         return self.host(o), self.host(t), self.host(errors).astype(np.int64)
 
+    def ssu(self, pool, ins, cu, rb, wbs, spec, *, layer, **opts):
+        t, errors = self.pool(pool), self.torch.from_numpy(new_errors()).to(self.device)
+        y = self.ops.selective_state_update_(
+            t, errors, *(self.pool(ins[n]) for n in SSU_INPUTS), self.ids(cu), self.ids(rb),
+            self.ids(wbs), self.flags(spec), layer=layer, **opts)["y"]
+        return self.host(y), self.host(t), self.host(errors).astype(np.int64)
+
     def dense(self, op, *arrays, **statics):
         return self.host(getattr(self.ops, op)(*map(self.pool, arrays), **statics)["y"])
 
@@ -352,6 +370,14 @@ class Jax(Backend):
         out = fn(A(pool), A(new_errors()), A(q), A(k), A(v), *g, self.ids(cu), self.ids(rb),
                  self.ids(wbs), self.flags(spec), layer=layer, **opts)
         return (np.asarray(out["o"]), np.asarray(out["pool"]),
+                np.asarray(out["errors"]).astype(np.int64))
+
+    def ssu(self, pool, ins, cu, rb, wbs, spec, *, layer, **opts):
+        A = self.jnp.asarray  # noqa: N806
+        out = self.ops.selective_state_update(
+            A(pool), A(new_errors()), *(A(ins[n]) for n in SSU_INPUTS), self.ids(cu),
+            self.ids(rb), self.ids(wbs), self.flags(spec), layer=layer, **opts)
+        return (np.asarray(out["y"]), np.asarray(out["pool"]),
                 np.asarray(out["errors"]).astype(np.int64))
 
     def dense(self, op, *arrays, **statics):

@@ -36,6 +36,9 @@ RECURRENT = {  # T = 6 tokens over 2 rows
 }
 BY_OP = {"gated_delta_rule": {"pool": F32(2, 5, 2, 4, 4), "layout": "VK"},
          "gated_delta_rule_fused_gates": {"pool": F32(2, 5, 2, 4, 4), "layout": "VK"},
+         "selective_state_update": {"pool": F32(2, 5, 2, 4, 4), "x": F32(6, 2, 4),
+                                    "dt": F32(6, 2), "A": F32(2), "B": F32(6, 1, 4),
+                                    "C": F32(6, 1, 4), "D": F32(2)},
          "linear": {"x": F32(6, 8), "weight": F32(8, 5)},
          "rms_norm": {"x": F32(6, 8), "weight": F32(8)},
          "rms_norm_gated": {"x": F32(6, 8), "z": F32(6, 8), "weight": F32(8)},
@@ -95,6 +98,8 @@ def test_an_empty_batch_launches_nothing(op):
                       write_blocks=K.ArraySpec.row_major((0, 3), "int64"), x=F32(0, 8),
                       q=F32(0, 1, 4), k=F32(0, 1, 4), v=F32(0, 2, 4), g=F32(0, 2),
                       beta=F32(0, 2), a=F32(0, 2), b=F32(0, 2))
+        if op.name == "selective_state_update":
+            change.update(x=F32(0, 2, 4), dt=F32(0, 2), B=F32(0, 1, 4), C=F32(0, 1, 4))
     plan = sample_plan(op, **change)
     assert plan.skip
     assert all(o.shape[0] == 0 for o in plan.out_specs.values())

@@ -1,10 +1,11 @@
 """GPU-only properties of the recurrent kernels (run by ``make gpu``): pools past 2^31
-elements (64-bit offsets), more than 65 535 programs, CUDA-graph capture and replay."""
+elements (64-bit offsets), more than 65 535 programs, CUDA-graph capture and replay,
+inputs as unaligned views."""
 
 import numpy as np
 import pytest
 import torch
-from support import make_backend
+from support import SSU_INPUTS, make_backend
 
 from mamba_align.backends.torch import ops
 
@@ -51,6 +52,39 @@ def test_gdn_pool_beyond_2_31_elements():
     assert torch.equal(big[0, NB - 1], init) and not big[0, :NB - 4].any()
 
 
+def ssu_row(pool, rb, wbs, T=3, seed=0):
+    """One spec row of ``T`` tokens on ``pool`` (``[L, NB, H, 64, 128]``, 4 groups)."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    H, P, N = pool.shape[2:]
+    ins = {"x": torch.randn(T, H, P, device=DEV, generator=g, dtype=torch.bfloat16),
+           "dt": torch.randn(T, H, device=DEV, generator=g, dtype=torch.bfloat16),
+           "A": -torch.rand(H, device=DEV, generator=g) - 0.5,
+           "B": torch.randn(T, 4, N, device=DEV, generator=g, dtype=torch.bfloat16),
+           "C": torch.randn(T, 4, N, device=DEV, generator=g, dtype=torch.bfloat16),
+           "D": torch.randn(H, device=DEV, generator=g),
+           "dt_bias": torch.randn(H, device=DEV, generator=g)}
+    errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+    y = ops.selective_state_update_(pool, errors, *(ins[n] for n in SSU_INPUTS), t([0, T]),
+                                    t([rb]), t([wbs]), t([1]), layer=pool.shape[0] - 1)["y"]
+    assert errors.tolist()[0] == 0
+    return y
+
+
+def test_selective_state_pool_beyond_2_31_elements():
+    # [1, 8200, 32, 64, 128] fp32: 2.15e9 elements; the row reads and writes the last blocks
+    NB = 8200
+    big = torch.zeros((1, NB, 32, 64, 128), device=DEV)
+    assert big.numel() > 2**31
+    small = torch.zeros((1, 5, 32, 64, 128), device=DEV)
+    init = torch.randn(32, 64, 128, device=DEV)
+    big[0, NB - 1], small[0, 1] = init, init
+    y_big = ssu_row(big, NB - 1, [NB - 4, NB - 3, NB - 2])
+    y_small = ssu_row(small, 1, [2, 3, 4])
+    assert torch.equal(y_big, y_small)  # the same row, wherever its blocks are
+    assert torch.equal(big[0, NB - 4:NB - 1], small[0, 2:5])
+    assert torch.equal(big[0, NB - 1], init) and not big[0, :NB - 4].any()
+
+
 def test_conv_pool_beyond_2_31_elements():
     NB, D = 52_500, 8192  # [1, NB, 5, 8192] bf16: 2.15e9 elements
     big = torch.zeros((1, NB, 5, D), dtype=torch.bfloat16, device=DEV)
@@ -72,7 +106,7 @@ def test_conv_pool_beyond_2_31_elements():
     assert torch.equal(big[0, NB - 2].view(torch.int16), small[0, 2].view(torch.int16))
 
 
-@pytest.mark.parametrize("op", ["conv1d", "gdn"])
+@pytest.mark.parametrize("op", ["conv1d", "gdn", "ssu"])
 def test_more_than_65535_programs(op):
     # 70 000 one-token rows: every program index past the 65 535 of a y / z grid axis
     rows, rng = 70_000, np.random.default_rng(0)
@@ -87,21 +121,35 @@ def test_more_than_65535_programs(op):
         w, cb = rng.normal(size=(16, 3)).astype(np.float32), np.zeros(16, np.float32)
         args = (pool, x, w, cb, cu, rb, np.zeros(rows, np.int64), wb, spec)
         got, want = (b.conv1d_update(*args, layer=0, layout="SD") for b in (dev, ref))
-    else:
+    elif op == "gdn":
         pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
         q, k, v = (rng.normal(size=(rows, 1, 8)).astype(np.float32) for _ in range(3))
         gates = {"g": -rng.uniform(0, 1, (rows, 1)).astype(np.float32),
                  "beta": rng.uniform(0, 1, (rows, 1)).astype(np.float32)}
         wbs = np.stack([wb, -np.ones(rows, np.int64)], axis=1)
         got, want = (b.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, layer=0) for b in (dev, ref))
+    elif op == "ssu":
+        pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
+        ins = {"x": rng.normal(size=(rows, 1, 8)), "dt": rng.normal(size=(rows, 1)),
+               "A": -rng.uniform(0.5, 1, 1), "B": rng.normal(size=(rows, 1, 8)),
+               "C": rng.normal(size=(rows, 1, 8)), "D": rng.normal(size=1),
+               "dt_bias": rng.normal(size=1)}
+        ins = {n: a.astype(np.float32) for n, a in ins.items()}
+        wbs = np.stack([wb, -np.ones(rows, np.int64)], axis=1)
+        got, want = (b.ssu(pool, ins, cu, rb, wbs, spec, layer=0) for b in (dev, ref))
     # the outputs row by row; many rows write each block, so the pools are not compared
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     assert got[2].tolist() == want[2].tolist()
 
 
-def test_cuda_graph_replay_of_both_recurrences():
+def test_cuda_graph_replay_of_the_recurrences():
     pool_c = torch.zeros((1, 4, 5, 64), device=DEV)
     pool_t = torch.zeros((1, 4, 2, 16, 16), device=DEV)
+    pool_s = torch.zeros((1, 4, 2, 16, 16), device=DEV)
+    ssu = {"x": torch.randn(3, 2, 16, device=DEV), "dt": torch.randn(3, 2, device=DEV),
+           "A": -torch.rand(2, device=DEV), "B": torch.randn(3, 1, 16, device=DEV),
+           "C": torch.randn(3, 1, 16, device=DEV), "D": torch.randn(2, device=DEV),
+           "dt_bias": torch.randn(2, device=DEV)}
     x = torch.randn(3, 64, device=DEV)
     w, cb = torch.randn(64, 4, device=DEV), torch.zeros(64, device=DEV)
     q, k = torch.randn(3, 1, 16, device=DEV), torch.randn(3, 1, 16, device=DEV)
@@ -115,7 +163,9 @@ def test_cuda_graph_replay_of_both_recurrences():
                                layout="SD")["y"]
         o = ops.gated_delta_rule_(pool_t, errors, q, k, v, g, beta, cu, one, wbs, spec,
                                   layer=0)["o"]
-        return y, o
+        ys = ops.selective_state_update_(pool_s, errors, *(ssu[n] for n in SSU_INPUTS), cu, one,
+                                         wbs, spec, layer=0)["y"]
+        return y, o, ys
 
     eager = [r.clone() for r in step()]
     side = torch.cuda.Stream()
@@ -127,12 +177,14 @@ def test_cuda_graph_replay_of_both_recurrences():
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # JAX shares the process
         out = step()
     x.normal_()  # new inputs, replayed without capture
+    ssu["x"].normal_()
     graph.replay()
     torch.cuda.synchronize()
     fresh = step()
     for a, b in zip(out, fresh):
         assert torch.equal(a, b)
-    assert not torch.equal(out[0], eager[0])
+    assert not torch.equal(out[0], eager[0]) and not torch.equal(out[2], eager[2])
+    assert errors.tolist()[0] == 0
 
 
 def test_inputs_as_unaligned_views_give_the_bits_of_contiguous_ones():
@@ -185,6 +237,33 @@ def test_inputs_as_unaligned_views_give_the_bits_of_contiguous_ones():
     (y_view, c_view), (y_cont, c_cont) = conv(x), conv(x.contiguous())
     assert torch.equal(y_view, y_cont)
     assert torch.equal(c_view.view(torch.int16), c_cont.view(torch.int16))
+
+    # Mamba2: x, B and C as views of the conv's output (x | B | C per token), dt of the
+    # projection's, with odd row strides, x 2 bytes off alignment
+    Hs, P, G, N = 4, 32, 2, 16
+    xbc = torch.randn(T, 1 + Hs * P + 2 * G * N + 1, device=DEV, generator=g).to(torch.bfloat16)
+    xs = xbc[:, 1:1 + Hs * P].unflatten(1, (Hs, P))
+    Bs = xbc[:, 1 + Hs * P:1 + Hs * P + G * N].unflatten(1, (G, N))
+    Cs = xbc[:, 1 + Hs * P + G * N:1 + Hs * P + 2 * G * N].unflatten(1, (G, N))
+    dts = torch.randn(T, Hs + 3, device=DEV, generator=g).to(torch.bfloat16)[:, 1:1 + Hs]
+    assert xs.data_ptr() % 16 and xs.stride(0) % 8
+    A, D = -torch.rand(Hs, device=DEV), torch.randn(Hs, device=DEV)
+    dt_bias = torch.zeros(Hs, device=DEV)
+    init_s = torch.randn(Hs, P, N, device=DEV, generator=g)
+
+    def ssu(x, dt, B, C):
+        pool = torch.zeros((1, 6, Hs, P, N), device=DEV)
+        pool[0, 1] = init_s
+        errors = torch.zeros(2, dtype=torch.int32, device=DEV)
+        y = ops.selective_state_update_(pool, errors, x, dt, A, B, C, D, dt_bias, cu, t([1, 1]),
+                                        wbs, spec, layer=0)["y"]
+        assert errors.tolist()[0] == 0
+        return y, pool
+
+    (ys_view, s_view) = ssu(xs, dts, Bs, Cs)
+    (ys_cont, s_cont) = ssu(*(a.contiguous() for a in (xs, dts, Bs, Cs)))
+    assert torch.equal(ys_view, ys_cont) and torch.equal(s_view, s_cont)
+    assert s_view[0, 2:6].abs().sum() > 0
 
 
 def test_the_gated_delta_rule_compiles_under_its_register_cap(monkeypatch):

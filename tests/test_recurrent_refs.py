@@ -1,6 +1,7 @@
-"""The float64 references of the recurrences (core.gdn_ref, core.conv1d_ref) against
-independent formulations: a whole-sequence convolution, the delta rule as a matrix
-product, chunked = unchunked, spec candidates = the non-spec states they stand for."""
+"""The float64 references of the recurrences (core.gdn_ref, core.conv1d_ref,
+core.selective_state_ref) against independent formulations: a whole-sequence convolution,
+the delta rule as a matrix product, the selective state update as a decayed sum over the
+sequence, chunked = unchunked, spec candidates = the non-spec states they stand for."""
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from mamba_align.core import Fault
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref, gates, softplus
+from mamba_align.core.selective_state_ref import selective_state_update_ref
 
 RNG = np.random.default_rng(7)
 
@@ -157,3 +159,64 @@ def test_gates_and_softplus():
     g, beta = gates(np.array([0.5]), np.array([[1.0]]), np.array([-0.25]), np.array([[0.0]]))
     np.testing.assert_allclose(g, -np.exp(0.5) * np.log1p(np.exp(0.75)), rtol=1e-14)
     assert beta.tolist() == [[0.5]]
+
+
+def ssd_sum(x, d, A, B, C, D, h0):
+    """Mamba2's recurrence of one head as a sum: the state after token ``t`` is
+    ``exp(A * sum(d[:t+1])) h0 + sum_s exp(A * sum(d[s+1:t+1])) d[s] x[s] B[s]^T`` and
+    ``y[t] = h_t C[t] + D x[t]``; ``x`` ``[T, P]``, ``d`` ``[T]`` (the step sizes),
+    ``B``, ``C`` ``[T, N]``, ``h0`` ``[P, N]``."""
+    ys, hs = [], []
+    for t in range(len(x)):
+        h = np.exp(A * d[:t + 1].sum()) * h0
+        for s in range(t + 1):
+            h = h + np.exp(A * d[s + 1:t + 1].sum()) * d[s] * np.outer(x[s], B[s])
+        ys.append(h @ C[t] + D * x[t])
+        hs.append(h)
+    return np.array(ys), hs
+
+
+@pytest.mark.parametrize("dt_softplus", [False, True])
+def test_selective_state_update_equals_the_sum_form(dt_softplus):
+    T, H, G, P, N = 5, 4, 2, 3, 6
+    x, dt = RNG.normal(size=(T, H, P)), RNG.normal(size=(T, H))
+    B, C = RNG.normal(size=(T, G, N)), RNG.normal(size=(T, G, N))
+    A, D, dt_bias = -RNG.uniform(0.5, 2, H), RNG.normal(size=H), RNG.uniform(0.5, 1, H)
+    pool = RNG.normal(size=(3, H, P, N))
+    y, out, f = selective_state_update_ref(x, dt, A, B, C, D, dt_bias, pool, [0, T], [1], [[2]],
+                                           [0], dt_softplus=dt_softplus)
+    d = dt + dt_bias
+    d = np.log1p(np.exp(d)) if dt_softplus else d
+    for h in range(H):  # head h uses group h // (H / G)
+        g = h // (H // G)
+        want_y, want_h = ssd_sum(x[:, h], d[:, h], A[h], B[:, g], C[:, g], D[h], pool[1, h])
+        np.testing.assert_allclose(y[:, h], want_y, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out[2, h], want_h[-1], rtol=1e-12, atol=1e-12)
+    assert (out[[0, 1]] == pool[[0, 1]]).all() and not f.any()
+
+
+def test_selective_state_spec_candidates_are_the_prefix_states_and_faults():
+    T, H, G, P, N = 3, 2, 1, 2, 4
+    x, dt = RNG.normal(size=(T, H, P)), RNG.normal(size=(T, H))
+    B, C = RNG.normal(size=(T, G, N)), RNG.normal(size=(T, G, N))
+    A, D, dt_bias = -RNG.uniform(0.5, 2, H), RNG.normal(size=H), RNG.normal(size=H)
+    pool = RNG.normal(size=(8, H, P, N))
+    y, spec_pool, f = selective_state_update_ref(x, dt, A, B, C, D, dt_bias, pool, [0, T], [7],
+                                                 [[1, 2, 3]], [1])
+    assert not f.any()
+    for j in range(T):  # candidate j = the final state of the first j + 1 tokens
+        sl = slice(0, j + 1)
+        yj, pj, _ = selective_state_update_ref(x[sl], dt[sl], A, B[sl], C[sl], D, dt_bias, pool,
+                                               [0, j + 1], [7], [[4, -1, -1]], [0])
+        np.testing.assert_array_equal(spec_pool[1 + j], pj[4])
+        np.testing.assert_array_equal(y[sl], yj)
+    # a fresh row (zero state); a read block past NB; a spec row of 3 > 1 + S tokens
+    x3, dt3, B3, C3 = (np.concatenate([a, a[:1], a]) for a in (x, dt, B, C))
+    y3, out3, f3 = selective_state_update_ref(x3, dt3, A, B3, C3, D, dt_bias, pool[:3],
+                                              [0, 3, 4, 7], [-1, 3, 1], [[2, -1], [1, -1], [1, 2]],
+                                              [0, 0, 1])
+    assert f3.tolist() == [0, Fault.BAD_BLOCK, Fault.BAD_QUERY_LEN]
+    assert (y3[3:] == 0).all() and (out3[[0, 1]] == pool[[0, 1]]).all()
+    zero, _, _ = selective_state_update_ref(x, dt, A, B, C, D, dt_bias, 0 * pool, [0, T], [7],
+                                            [[4, -1, -1]], [0])
+    np.testing.assert_array_equal(y3[:3], zero)

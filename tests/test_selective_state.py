@@ -1,0 +1,219 @@
+"""Mamba2's selective state update (kernels/selective_state.py) in three ways: the float64
+reference, torch and JAX (docs/semantics.md §4). fp32: relative 1e-5 on outputs and states
+(absolute 1e-5 near zero); bf16 inputs or a bf16 state pool: 3e-2. torch and JAX run the
+same kernel: bit-identical."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from support import (SEQLENS_CASES, SSU_INPUTS, check_seqlens_launch, make_backend,
+                     seqlens_case)
+
+from mamba_align.core import Fault, new_errors
+
+L, NB = 2, 12
+SENTINEL = -7.25
+# the gated delta rule's rows (tests/test_gdn.py): a fresh prefill of 5 tokens; decode
+# reading and writing the same block; a spec row of 1 + S candidates reading one of its
+# write blocks; a spec row of 1 with its other write blocks -1; an empty row; a non-spec
+# row with no write block
+CU = np.array([0, 5, 6, 9, 10, 10, 12])
+RB = np.array([-1, 2, 4, 7, 3, 9])
+WBS = np.array([[1, -1, -1], [2, -1, -1], [5, 4, 6], [8, -1, -1], [3, -1, -1], [-1, -1, -1]])
+SPEC = np.array([0, 0, 1, 1, 0, 0])
+
+
+def inputs(rng, H, G, P, N, T=int(CU[-1]), dtype=np.float32, pool_dtype=np.float32):
+    """``(pool, ins)``: a pool ``[L, NB, H, P, N]`` and the inputs by name; step sizes
+    around softplus's bend, decays ``A < 0``."""
+    pool = (0.5 * rng.normal(size=(L, NB, H, P, N))).astype(pool_dtype)
+    ins = {"x": rng.normal(size=(T, H, P)), "dt": rng.normal(size=(T, H)) - 1,
+           "A": -rng.uniform(0.5, 4, H), "B": rng.normal(size=(T, G, N)),
+           "C": rng.normal(size=(T, G, N)), "D": rng.normal(size=H),
+           "dt_bias": rng.uniform(-1, 1, H)}
+    return pool, {n: a.astype(dtype) for n, a in ins.items()}
+
+
+def tokens(ins, t0, t1):
+    """The per-token inputs of tokens ``[t0, t1)``, the per-head ones whole."""
+    return {n: a if n in ("A", "D", "dt_bias") else a[t0:t1] for n, a in ins.items()}
+
+
+def close(a, b, tol):
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+
+
+CASES = [  # H, G, P, N, dt_softplus
+    (1, 1, 16, 16, True),
+    (4, 2, 12, 20, True),  # groups, odd sizes (masking), two head-dim tiles
+    (2, 1, 8, 40, False),  # one group for two heads, N not a power of two, no softplus
+]
+
+
+@pytest.mark.parametrize("H,G,P,N,dt_softplus", CASES)
+def test_matches_the_reference(backend, H, G, P, N, dt_softplus):
+    rng = np.random.default_rng(P + N)
+    pool, ins = inputs(rng, H, G, P, N)
+    y, out, err = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1, dt_softplus=dt_softplus)
+    ry, rout, rerr = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=1,
+                                                   dt_softplus=dt_softplus)
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    kept = [0, 7, 9, 10, 11]  # read only, or untouched
+    assert (out[0] == pool[0]).all() and (out[1, kept] == pool[1, kept]).all()
+    assert not (out[1, [1, 2, 3, 4, 5, 6, 8]] == pool[1, [1, 2, 3, 4, 5, 6, 8]]).all()
+
+
+def test_bf16_inputs_and_state(backend):
+    rng = np.random.default_rng(1)
+    bf = ml_dtypes.bfloat16
+    pool, ins = inputs(rng, 2, 1, 16, 16, dtype=bf, pool_dtype=bf)
+    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=0)
+    ry, rout, _ = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=0)
+    assert y.dtype == bf and out.dtype == bf
+    close(y, ry, 3e-2)
+    close(out, rout, 3e-2)
+
+
+def test_torch_and_jax_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    pool, ins = inputs(rng, 4, 2, 12, 20)
+    got = [make_backend(b).ssu(pool, ins, CU, RB, WBS, SPEC, layer=1) for b in ("torch", "jax")]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
+    rng = np.random.default_rng(3)
+    pool, ins = inputs(rng, 2, 1, 16, 16)
+    y, out, _ = device_backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    t0, t1 = CU[2], CU[3]
+    y1, out1, _ = device_backend.ssu(pool, tokens(ins, t0, t1), [0, t1 - t0], RB[2:3], WBS[2:3],
+                                     SPEC[2:3], layer=1)
+    np.testing.assert_array_equal(y1, y[t0:t1])
+    np.testing.assert_array_equal(out1[1, [4, 5, 6]], out[1, [4, 5, 6]])
+
+
+def test_faulty_rows_are_flagged_and_write_nothing(backend):
+    # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good row
+    rng = np.random.default_rng(4)
+    pool, ins = inputs(rng, 1, 1, 8, 8, T=7)
+    pool[:] = SENTINEL
+    pool[1, 1:4] = rng.normal(size=(3, 1, 8, 8))
+    args = (pool, ins, np.array([0, 1, 2, 6, 7]), np.array([NB, 1, 2, 3]),
+            np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]]), np.array([0, 0, 1, 0]))
+    y, out, err = backend.ssu(*args, layer=1)
+    ry, rout, rerr = make_backend("reference").ssu(*args, layer=1)
+    assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
+    assert err.tolist() == rerr.tolist() and err[1] == 0
+    assert (y[:6] == 0).all()
+    close(y[6], ry[6], 1e-5)
+    assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
+    close(out[1, 8], rout[1, 8], 1e-5)
+
+
+def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
+    # the columns past what a row writes (a non-spec row's 1.., a spec row's n..) may hold
+    # any id: no fault, no write
+    rng = np.random.default_rng(6)
+    pool, ins = inputs(rng, 1, 1, 8, 8, T=4)
+    args = (pool, ins, np.array([0, 1, 2, 4]), np.array([1, 2, 3]),
+            np.array([[5, NB + 3, -9], [6, 7, NB], [8, 9, -5]]), np.array([0, 1, 1]))
+    y, out, err = backend.ssu(*args, layer=1)
+    ry, rout, rerr = make_backend("reference").ssu(*args, layer=1)
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+    untouched = np.setdiff1d(np.arange(NB), [5, 6, 8, 9])
+    np.testing.assert_array_equal(out[1, untouched], pool[1, untouched])
+
+
+@pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
+    # 40 one-token rows: blocks 1-40 read, 41-80 written, a window of one
+    cu = seqlens_case(40, changed)
+    n = len(cu) - 1
+    rng = np.random.default_rng(12)
+    pool, ins = inputs(rng, 1, 1, 8, 8, T=n)
+    pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 1, 8, 8))).astype(np.float32)
+    wb = np.arange(n + 1, 2 * n + 1)
+    args = (cu, np.arange(1, n + 1), wb[:, None], np.zeros(n, int))
+    got, ref = (b.ssu(pool, ins, *args, layer=1) for b in (backend, make_backend("reference")))
+    check_seqlens_launch(cu, bad, int(Fault.BAD_CU_SEQLENS), pool, wb, got, ref, 1e-5, 1e-5)
+
+
+def test_rows_without_tokens_still_flag_bad_ids(backend):
+    rng = np.random.default_rng(9)
+    pool, ins = inputs(rng, 2, 1, 8, 8, T=0)
+    _, out, err = backend.ssu(pool, ins, [0, 0], [NB], WBS[:1], [0], layer=1)
+    assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
+    np.testing.assert_array_equal(out, pool)
+
+
+@pytest.mark.parametrize("change,error", [
+    (dict(layer=2), "layer"),
+    (dict(B=np.zeros((12, 3, 8), np.float32)), "multiple of groups"),
+    (dict(C=np.zeros((12, 2, 4), np.float32)), "C must have shape"),
+    (dict(dt=np.zeros((12, 3), np.float32)), "dt must have shape"),
+    (dict(A=np.zeros(4, np.int32)), "A must have dtype"),
+    (dict(pool=np.zeros((L, NB, 4, 8, 8), np.float16)), "pool must have dtype"),
+    (dict(pool=np.zeros((L, NB, 4, 8, 4), np.float32)), "pool must have shape"),
+])
+def test_bad_arguments_raise(device_backend, change, error):
+    rng = np.random.default_rng(6)
+    pool, ins = inputs(rng, 4, 2, 8, 8)
+    change = dict(change)  # (shared by the backends' runs)
+    layer = change.pop("layer", 0)
+    pool = change.pop("pool", pool)
+    with pytest.raises((ValueError, TypeError), match=error):
+        device_backend.ssu(pool, dict(ins, **change), CU, RB, WBS, SPEC, layer=layer)
+
+
+def test_c_with_other_strides_than_b_is_refused():
+    import torch
+
+    from mamba_align.backends.torch import ops
+    rng = np.random.default_rng(10)
+    pool, ins = inputs(rng, 1, 1, 8, 8)
+    t = {n: torch.tensor(a) for n, a in ins.items()}
+    t["C"] = torch.zeros(len(CU) and int(CU[-1]), 1, 16)[..., :8]  # strides (16, 16, 1)
+    with pytest.raises(ValueError, match="C must have B's strides"):
+        ops.selective_state_update_(torch.tensor(pool), torch.tensor(new_errors()),
+                                    *(t[n] for n in SSU_INPUTS), torch.tensor(CU),
+                                    torch.tensor(RB), torch.tensor(WBS), torch.tensor(SPEC),
+                                    layer=0)
+
+
+def test_torch_compile_and_jax_jit_give_the_eager_bits():
+    # the custom op under torch.compile (two row counts: the second is symbolic), and the
+    # JAX function under jit with the pool donated
+    import jax
+    import torch
+
+    from mamba_align.backends.jax import ops as jops
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(11)
+    pool, ins = inputs(rng, 2, 1, 8, 8)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # compiled kernels need CUDA tensors
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+
+    def call(p, *arrays):
+        return tops.selective_state_update_(p, *arrays, layer=1)["y"]
+
+    compiled = torch.compile(call, fullgraph=True)
+    for rows in (6, 4):
+        n = int(CU[rows])
+        arrays = ([T(new_errors())] + [T(a) for a in tokens(ins, 0, n).values()]
+                  + [T(CU[:rows + 1]), T(RB[:rows]), T(WBS[:rows]), T(SPEC[:rows])])
+        pe, pc = T(pool.copy()), T(pool.copy())
+        assert torch.equal(call(pe, *arrays), compiled(pc, *[a.clone() for a in arrays]))
+        assert torch.equal(pe, pc)
+    fn = jax.jit(jops.selective_state_update, static_argnames=("layer", "dt_softplus"),
+                 donate_argnums=(0, 1))
+    A = jax.numpy.asarray  # noqa: N806
+    args = [A(ins[n]) for n in SSU_INPUTS] + [A(CU), A(RB), A(WBS), A(SPEC)]
+    eager = jops.selective_state_update(A(pool), A(new_errors()), *args, layer=1)
+    jitted = fn(A(pool), A(new_errors()), *args, layer=1)
+    for name in ("y", "pool", "errors"):
+        np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))
