@@ -78,14 +78,15 @@ gpu-fuzz: gpu-setup
 
 # memcheck over the kernel tests (copies, bookkeeping, faults, a shorter fuzz run, the
 # recurrences); racecheck (it sees shared memory only) over the copies, the conv update (the
-# in-place conv shift and window among them) and the gated delta rule, whose one-warp
-# kernel stages each token's o through shared memory: all must be clean
+# in-place conv shift and window among them), the gated delta rule, whose one-warp
+# kernel stages each token's o through shared memory, and the selective state update (the
+# same program): all must be clean
 # (benchmarks/README.md, "compute-sanitizer").
 SANITIZE_ENV := PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform
 SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
 	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py tests/test_conv1d.py \
-	tests/test_gdn.py tests/test_copy_free_sequence.py
+	tests/test_gdn.py tests/test_selective_state.py tests/test_copy_free_sequence.py
 # in two parts, each sized for one 600 s device call (sanitize: both; the timings:
 # benchmarks/README.md, "compute-sanitizer")
 sanitize: sanitize-memcheck sanitize-racecheck
@@ -101,8 +102,8 @@ sanitize-racecheck: gpu-setup
 	  python3 -m pytest -q -p no:cacheprovider tests/test_copy.py tests/test_conv1d.py \
 	  2>&1 | tee $(OUT)/sanitize_racecheck.log
 	set -o pipefail; $(SANITIZE_ENV) $(SANITIZER) --tool racecheck --error-exitcode 1 \
-	  python3 -m pytest -q -p no:cacheprovider tests/test_gdn.py -k "reference or bits" \
-	  2>&1 | tee $(OUT)/sanitize_racecheck_gdn.log
+	  python3 -m pytest -q -p no:cacheprovider tests/test_gdn.py tests/test_selective_state.py \
+	  -k "reference or bits" 2>&1 | tee $(OUT)/sanitize_racecheck_gdn.log
 
 # a same-run baseline for the step benchmark: an earlier version of the package, carried
 # in the git-ignored .baseline/mamba_align (git archive <rev> --prefix=mamba_align/)
