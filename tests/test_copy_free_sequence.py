@@ -1,9 +1,10 @@
 """Pre-copy and copy-free at the kernel level (docs/semantics.md §3): the same sequence of
 steps (prefill chunks, decode, spec rows with varying acceptance, block crossings) through
 the torch runner and the JAX step functions, each step's resolved blocks fed to the conv1d
-update and the gated delta rule, from the same start in both modes. Outputs, cache columns
-and temporal pools must be bit-identical; conv pools on rows 0..K-2 of every block (rows
-K-1..W-1 are scratch, unspecified, and may differ)."""
+update, the gated delta rule and Mamba2's selective state update (a second temporal pool),
+from the same start in both modes. Outputs, cache columns and temporal pools must be
+bit-identical; conv pools on rows 0..K-2 of every block (rows K-1..W-1 are scratch,
+unspecified, and may differ)."""
 
 import numpy as np
 import pytest
@@ -12,10 +13,13 @@ import torch
 from mamba_align.core import CacheConfig, ConvSpec, TemporalSpec
 
 B, S, KC, D, HV, KD = 4, 2, 3, 8, 2, 8
+H, P, N = 2, 4, 8  # Mamba2: heads, head dim, state size (one group)
 SLOTS, COLS = 2, 10
 NB = SLOTS * COLS + 1
 CFG = CacheConfig(B, S, 1, {"conv": ConvSpec(KC, D, "SD", "float32"),
-                            "ssm": TemporalSpec((HV, KD, KD), "float32")})
+                            "ssm": TemporalSpec((HV, KD, KD), "float32"),
+                            "mamba": TemporalSpec((H, P, N), "float32")})
+SSU = ("x", "dt", "A", "B", "C", "D", "dt_bias")
 # per step, per slot: (tokens, spec, accepted); prompts of 6 and 3 tokens
 STEPS = [[(6, 0, 6), (3, 0, 3)], [(3, 1, 1), (1, 0, 1)], [(3, 1, 3), (4, 0, 4)],
          [(2, 1, 2), (3, 1, 2)], [(1, 0, 1), (3, 1, 1)], [(3, 1, 3), (5, 0, 5)],
@@ -28,7 +32,14 @@ def step_inputs(rng, n_tokens):
             "k": rng.normal(size=(n_tokens, 1, KD)).astype(np.float32),
             "v": rng.normal(size=(n_tokens, HV, KD)).astype(np.float32),
             "g": -rng.uniform(0.05, 0.5, (n_tokens, HV)).astype(np.float32),
-            "beta": rng.uniform(0, 1, (n_tokens, HV)).astype(np.float32)}
+            "beta": rng.uniform(0, 1, (n_tokens, HV)).astype(np.float32),
+            "ssu": {"x": rng.normal(size=(n_tokens, H, P)).astype(np.float32),
+                    "dt": rng.normal(size=(n_tokens, H)).astype(np.float32),
+                    "A": -rng.uniform(0.5, 2, H).astype(np.float32),
+                    "B": rng.normal(size=(n_tokens, 1, N)).astype(np.float32),
+                    "C": rng.normal(size=(n_tokens, 1, N)).astype(np.float32),
+                    "D": rng.normal(size=H).astype(np.float32),
+                    "dt_bias": rng.normal(size=H).astype(np.float32)}}
 
 
 def start():
@@ -40,7 +51,8 @@ def start():
 
 
 def run_torch(mode):
-    from mamba_align.backends.torch import StateRunner, conv1d_update_, gated_delta_rule_
+    from mamba_align.backends.torch import (StateRunner, conv1d_update_, gated_delta_rule_,
+                                            selective_state_update_)
     pools, bt, w, cb = start()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     T = lambda a: torch.as_tensor(np.asarray(a), device=dev)  # noqa: E731, N806
@@ -52,7 +64,10 @@ def run_torch(mode):
     for step in STEPS:
         q_len = [t for t, _, _ in step]
         cu, spec = T(np.concatenate([[0], np.cumsum(q_len)])), T([s for _, s, _ in step])
-        inp = {n: T(a) for n, a in step_inputs(rng, sum(q_len)).items()}
+        inp = step_inputs(rng, sum(q_len))
+        ssu = inp.pop("ssu")
+        ssu = [T(ssu[n]) for n in SSU]
+        inp = {n: T(a) for n, a in inp.items()}
         idx, ql, ns, btt = T([0, 1]), T(q_len), T([a for _, _, a in step]), T(bt)
         blocks = runner.preprocess(pools, idx, ql, spec, btt)
         crossings += int(((blocks.src_col >= 0) & (blocks.src_col != blocks.run_col)).sum())
@@ -62,8 +77,10 @@ def run_torch(mode):
         o = gated_delta_rule_(pools["ssm"], errors, inp["q"], inp["k"], inp["v"], inp["g"],
                               inp["beta"], cu, blocks.temporal_read, blocks.temporal_write,
                               spec, layer=0)["o"]
+        ym = selective_state_update_(pools["mamba"], errors, *ssu, cu, blocks.temporal_read,
+                                     blocks.temporal_write, spec, layer=0)["y"]
         cache = runner.postprocess(pools, idx, ql, spec, ns, btt)
-        trace.append((y.cpu().numpy(), o.cpu().numpy(), cache.cpu().numpy()))
+        trace.append((y.cpu().numpy(), o.cpu().numpy(), ym.cpu().numpy(), cache.cpu().numpy()))
     assert not runner.errors() and errors.tolist() == [0, 0]
     return trace, {n: p.cpu().numpy() for n, p in pools.items()}, crossings
 
@@ -82,7 +99,10 @@ def run_jax(mode):
     for step in STEPS:
         q_len = [t for t, _, _ in step]
         cu, spec = J(np.concatenate([[0], np.cumsum(q_len)])), J([s for _, s, _ in step])
-        inp = {n: J(a) for n, a in step_inputs(rng, sum(q_len)).items()}
+        inp = step_inputs(rng, sum(q_len))
+        ssu = inp.pop("ssu")
+        ssu = [J(ssu[n]) for n in SSU]
+        inp = {n: J(a) for n, a in inp.items()}
         idx, ql, ns = J([0, 1]), J(q_len), J([a for _, _, a in step])
         state, pools, blocks = mj.preprocess(state, pools, idx, ql, spec, J(bt), config=CFG,
                                              mode=mode)
@@ -92,9 +112,12 @@ def run_jax(mode):
         t = ops.gated_delta_rule(pools["ssm"], c["errors"], inp["q"], inp["k"], inp["v"],
                                  inp["g"], inp["beta"], cu, blocks.temporal_read,
                                  blocks.temporal_write, spec, layer=0)
-        pools, errors = {"conv": c["pool"], "ssm": t["pool"]}, t["errors"]
+        m = ops.selective_state_update(pools["mamba"], t["errors"], *ssu, cu,
+                                       blocks.temporal_read, blocks.temporal_write, spec, layer=0)
+        pools, errors = {"conv": c["pool"], "ssm": t["pool"], "mamba": m["pool"]}, m["errors"]
         state, pools, cache = mj.postprocess(state, pools, idx, ql, spec, ns, J(bt), config=CFG)
-        trace.append((np.asarray(c["y"]), np.asarray(t["o"]), np.asarray(cache)))
+        trace.append((np.asarray(c["y"]), np.asarray(t["o"]), np.asarray(m["y"]),
+                      np.asarray(cache)))
     assert not mj.errors(state) and np.asarray(errors).tolist()[0] == 0
     return trace, {n: np.asarray(p) for n, p in pools.items()}, None
 
@@ -106,13 +129,14 @@ def test_pre_copy_and_copy_free_compute_the_same_bits(run):
     if crossings is not None:
         assert crossings >= 4  # the sequence exercises the modes' difference
     caches = 0
-    for (y1, o1, c1), (y2, o2, c2) in zip(pre, free):
-        np.testing.assert_array_equal(y1, y2)
-        np.testing.assert_array_equal(o1, o2)
+    for (*out1, c1), (*out2, c2) in zip(pre, free):
+        for a, b in zip(out1, out2):  # conv y, gated delta rule o, selective state update y
+            np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(c1.astype(np.int64), c2.astype(np.int64))
         caches += int((np.asarray(c1) >= 0).sum())
     assert caches >= 2
     np.testing.assert_array_equal(pre_pools["ssm"], free_pools["ssm"])
+    np.testing.assert_array_equal(pre_pools["mamba"], free_pools["mamba"])
     np.testing.assert_array_equal(pre_pools["conv"][:, :, :KC - 1], free_pools["conv"][:, :, :KC - 1])
 
 
