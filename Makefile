@@ -114,6 +114,8 @@ gpu-bench: gpu-setup
 	  2>&1 | tee $(OUT)/bench_dispatch_rows512.log
 	set -o pipefail; python3 benchmarks/bench_recurrent.py --out $(OUT) 2>&1 \
 	  | tee $(OUT)/bench_recurrent.log
+	set -o pipefail; python3 benchmarks/bench_selective_state.py --out $(OUT) 2>&1 \
+	  | tee $(OUT)/bench_selective_state.log
 	set -o pipefail; python3 benchmarks/bench_serving.py --out $(OUT) 2>&1 \
 	  | tee $(OUT)/bench_serving.log
 	if [ -d .baseline/mamba_align ]; then set -o pipefail; for r in 64 512; do \

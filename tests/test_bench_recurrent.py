@@ -1,5 +1,5 @@
-"""The recurrent benchmark's CPU smoke run (``--small``, Triton's interpreter): it runs,
-checks our kernels against the reference before timing, and writes its records."""
+"""The recurrent benchmarks' CPU smoke runs (``--small``, Triton's interpreter): they run,
+check our kernels against the reference before timing, and write their records."""
 
 import json
 import subprocess
@@ -38,3 +38,18 @@ def test_the_conv_probe_runs_on_a_pool_without_drafts(tmp_path):
     assert {(x["layout"], x["tokens_per_row"], x["width"]) for x in mine} == {("DS", 1, 3),
                                                                              ("SD", 1, 3)}
     assert all(x["us"] > 0 for x in mine)
+
+
+def test_the_selective_state_benchmark_runs(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_selective_state.py"),
+                        "--small", "--out", str(tmp_path)], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    data = json.loads((tmp_path / "selective_state_h200.json").read_text())
+    seen = {(x["method"], x["batch"], x["tokens_per_row"]) for x in data["records"]}
+    assert {("ours", b, t) for b in (1, 2) for t in (1, 4)} <= seen
+    import torch
+    if torch.cuda.is_available():  # fla's rows (the GPU has it) and JAX's
+        assert {("fla", 1, 1), ("fla_pooled", 1, 4), ("ours_jax", 2, 4)} <= seen
+    assert all(x["ms"] > 0 for x in data["records"])
+    assert "| decode | ours |" in (tmp_path / "selective_state_h200.md").read_text()
