@@ -43,7 +43,6 @@ def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, ja
         h = ops.rms_norm(x.astype(dt), w[p + "norm1"], eps=cfg.eps)["y"]
         proj = ops.linear(h, w[p + "w_qkvz"])["y"]
         mixed, z = proj[:, :cfg.d_conv], proj[:, cfg.d_conv:]
-        ba = ops.linear(h, w[p + "w_ba"])["y"]
         out = ops.conv1d_update(conv, errors, mixed, w[p + "conv_w"], w[p + "conv_b"],
                                 cu_seqlens, blocks.conv_read, blocks.conv_read_bias,
                                 blocks.conv_write, is_spec, layer=i, layout="DS",
@@ -52,12 +51,21 @@ def forward(cfg: ModelConfig, w: Mapping[str, jax.Array], pools: Mapping[str, ja
         q = y[:, :H * K].reshape(T, H, K)
         k = y[:, H * K:2 * H * K].reshape(T, H, K)
         v = y[:, 2 * H * K:].reshape(T, HV, V)
-        out = ops.gated_delta_rule_fused_gates(
-            ssm, errors, q, k, v, ba[:, HV:], ba[:, :HV], w[p + "A_log"], w[p + "dt_bias"],
-            cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
-            use_qk_l2norm=True)
+        if cfg.mixer == "mamba2":  # q, k, v are C, B, x
+            out = ops.selective_state_update(
+                ssm, errors, v, ops.linear(h, w[p + "w_dt"])["y"], w[p + "A"], k, q, w[p + "D"],
+                w[p + "dt_bias"], cu_seqlens, blocks.temporal_read, blocks.temporal_write,
+                is_spec, layer=i)
+            o = out["y"]
+        else:
+            ba = ops.linear(h, w[p + "w_ba"])["y"]
+            out = ops.gated_delta_rule_fused_gates(
+                ssm, errors, q, k, v, ba[:, HV:], ba[:, :HV], w[p + "A_log"], w[p + "dt_bias"],
+                cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
+                use_qk_l2norm=True)
+            o = out["o"]
         ssm, errors = out["pool"], out["errors"]
-        o = ops.rms_norm_gated(out["o"].reshape(T * HV, V), z.reshape(T * HV, V),
+        o = ops.rms_norm_gated(o.reshape(T * HV, V), z.reshape(T * HV, V),
                                w[p + "onorm"], eps=cfg.eps)["y"]
         x = x + reduce(ops.linear(o.reshape(T, HV * V), w[p + "w_o"])["y"].astype(jnp.float32))
         h2 = ops.rms_norm(x.astype(dt), w[p + "norm2"], eps=cfg.eps)["y"]

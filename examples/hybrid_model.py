@@ -1,7 +1,7 @@
-"""A small Gated-DeltaNet language model, defined once as data: its configuration, its
-weights from a fixed seed (NumPy, so torch and JAX load the same numbers), and a float64
-NumPy reference of its forward pass. ``hybrid_torch.py`` and ``hybrid_jax.py`` run it on the
-library's kernels.
+"""A small Gated-DeltaNet language model (or its Mamba2 twin), defined once as data: its
+configuration, its weights from a fixed seed (NumPy, so torch and JAX load the same
+numbers), and a float64 NumPy reference of its forward pass. ``hybrid_torch.py`` and
+``hybrid_jax.py`` run it on the library's kernels.
 
 Each layer is shaped like Qwen3-Next's linear-attention block::
 
@@ -13,9 +13,15 @@ Each layer is shaped like Qwen3-Next's linear-attention block::
     x = x + rms_norm_gated(o, z) @ w_o          # per value head
     x = x + (silu(rms_norm(x) @ w_gate) * (rms_norm(x) @ w_up)) @ w_down
 
-then a final norm and the output head. Residuals and logits are fp32; the weights, the
-activations between kernels and the conv state are in the model's dtype; the recurrent
-state is fp32.
+then a final norm and the output head. With ``mixer="mamba2"`` the recurrence is Mamba2's
+(the rest of the block unchanged)::
+
+    [C B x | z] = h @ w_qkvz;  dt = h @ w_dt    # C, B: groups of the state size, x: heads
+    C B x = silu(causal_conv1d(C B x))
+    y = selective_state_update(x, dt, A, B, C, D, dt_bias; dt softplus)
+
+Residuals and logits are fp32; the weights, the activations between kernels and the conv
+state are in the model's dtype; the recurrent state is fp32.
 """
 
 from __future__ import annotations
@@ -32,13 +38,18 @@ from mamba_align.core.config import DTYPES
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
 from mamba_align.core.dense_ref import linear_ref, rms_norm_ref, silu_mul_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
+from mamba_align.core.selective_state_ref import selective_state_update_ref
+
+MIXERS = ("gdn", "mamba2")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the model: ``heads`` qk heads of ``head_k``, ``value_heads`` of ``head_v``
     (a multiple of ``heads``), a causal conv of ``conv_kernel`` taps over the q/k/v
-    channels, an MLP of ``mlp`` hidden units."""
+    channels, an MLP of ``mlp`` hidden units. ``mixer="mamba2"``: Mamba2's recurrence, with
+    ``heads`` groups of ``C`` and ``B`` (in place of q and k; ``head_k`` the state size) and
+    ``value_heads`` heads of ``x`` (in place of v; ``head_v`` the head dim)."""
 
     vocab: int = 64
     d_model: int = 32
@@ -51,6 +62,7 @@ class ModelConfig:
     mlp: int = 64
     eps: float = 1e-6
     dtype: str = "float32"  # weights, activations between kernels, conv state
+    mixer: str = "gdn"  # or "mamba2"
 
     def __post_init__(self):
         for name in ("vocab", "d_model", "layers", "heads", "value_heads", "head_k", "head_v",
@@ -65,6 +77,8 @@ class ModelConfig:
             raise ValueError(f"eps must be a finite float > 0, got {self.eps!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"mixer must be one of {MIXERS}, got {self.mixer!r}")
 
     def check_tokens(self, tokens: Sequence[int], what: str = "tokens") -> None:
         """Refuses a token id outside ``[0, vocab)`` (an embedding row would be read out of
@@ -78,7 +92,7 @@ class ModelConfig:
 
     @property
     def d_conv(self) -> int:
-        """The conv's channels: q, k and v of every head."""
+        """The conv's channels: q, k and v of every head (Mamba2: C, B and x)."""
         return 2 * self.heads * self.head_k + self.value_heads * self.head_v
 
     @property
@@ -109,21 +123,27 @@ TINY = ModelConfig()
 #: a meaningful size for the GPU: Qwen3-Next's head shapes, fewer and narrower layers
 GPU = ModelConfig(vocab=4096, d_model=1024, layers=4, heads=8, value_heads=16, head_k=128,
                   head_v=128, mlp=2816, dtype="bfloat16")
+#: TINY with Mamba2's recurrence: 2 groups of B and C (state size 8), 4 heads of x (8 wide)
+TINY_MAMBA2 = replace(TINY, mixer="mamba2")
 
 
 def weight_specs(cfg: ModelConfig) -> Dict[str, Tuple[Tuple[int, ...], str]]:
-    """Every weight the model reads, by name: its shape and dtype name (``A_log`` and
-    ``dt_bias`` fp32, the rest ``cfg.dtype``)."""
+    """Every weight the model reads, by name: its shape and dtype name (``A_log``,
+    ``dt_bias`` and Mamba2's ``A`` and ``D`` fp32, the rest ``cfg.dtype``)."""
     specs = {"embed": ((cfg.vocab, cfg.d_model), cfg.dtype)}
     for i in range(cfg.layers):
         p = f"l{i}."
         specs.update({
             p + "norm1": ((cfg.d_model,), cfg.dtype),
             p + "w_qkvz": ((cfg.d_model, cfg.d_conv + cfg.d_value), cfg.dtype),
-            p + "w_ba": ((cfg.d_model, 2 * cfg.value_heads), cfg.dtype),
+            **({p + "w_dt": ((cfg.d_model, cfg.value_heads), cfg.dtype)}
+               if cfg.mixer == "mamba2" else
+               {p + "w_ba": ((cfg.d_model, 2 * cfg.value_heads), cfg.dtype)}),
             p + "conv_w": ((cfg.d_conv, cfg.conv_kernel), cfg.dtype),
             p + "conv_b": ((cfg.d_conv,), cfg.dtype),
-            p + "A_log": ((cfg.value_heads,), "float32"),
+            **({p + "A": ((cfg.value_heads,), "float32"),
+                p + "D": ((cfg.value_heads,), "float32")}
+               if cfg.mixer == "mamba2" else {p + "A_log": ((cfg.value_heads,), "float32")}),
             p + "dt_bias": ((cfg.value_heads,), "float32"),
             p + "onorm": ((cfg.head_v,), cfg.dtype),
             p + "w_o": ((cfg.d_value, cfg.d_model), cfg.dtype),
@@ -157,13 +177,16 @@ def check_weights(cfg: ModelConfig, w: Mapping[str, Any]) -> None:
 def init_weights(cfg: ModelConfig, seed: int = 0) -> Dict[str, np.ndarray]:
     """The model's weights by name, from ``seed``: projections scaled by
     ``1 / sqrt(fan_in)``, norms near 1, gates in the ranges Qwen3-Next initialises them
-    to. ``A_log`` and ``dt_bias`` are fp32, everything else in ``cfg.dtype``."""
+    to (Mamba2's ``A`` in ``[-16, -1]``, ``D`` near 1). ``A_log``, ``A``, ``D`` and
+    ``dt_bias`` are fp32, everything else in ``cfg.dtype``."""
     rng = np.random.default_rng(seed)
     draw = {  # by the weight's last name part; each from the shape weight_specs gives
         "embed": lambda shape: rng.normal(size=shape),
         "conv_w": lambda shape: rng.normal(size=shape) / np.sqrt(shape[1]),
         "conv_b": lambda shape: 0.1 * rng.normal(size=shape),
         "A_log": lambda shape: np.log(rng.uniform(1, 16, size=shape)),
+        "A": lambda shape: -rng.uniform(1, 16, size=shape),
+        "D": lambda shape: 1 + 0.1 * rng.normal(size=shape),
         "dt_bias": lambda shape: rng.uniform(-1, 1, size=shape),
     }
     norm = lambda shape: 1 + 0.1 * rng.normal(size=shape)  # noqa: E731
@@ -180,7 +203,8 @@ def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
           rank: int) -> Tuple[ModelConfig, Dict[str, np.ndarray]]:
     """Rank ``rank`` of ``tp`` tensor-parallel ranks, split by heads as serving engines do:
     its ``heads / tp`` qk heads and ``value_heads / tp`` value heads (the conv channels of
-    those q, k, v; their gates, ``A_log``, ``dt_bias`` and rows of ``w_o``) and ``mlp / tp``
+    those q, k, v; their gates, ``A_log``, ``dt_bias`` and rows of ``w_o``; Mamba2: the
+    groups' C and B, the heads' x, ``dt``, ``A``, ``D``) and ``mlp / tp``
     MLP units (columns of ``w_gate`` / ``w_up``, rows of ``w_down``); norms, embedding and
     output head whole. Returns the shard's config (its ``cache_config`` describes the
     rank's state pools) and weights. The outputs of ``w_o`` and ``w_down`` are partial
@@ -200,9 +224,14 @@ def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
     for i in range(cfg.layers):
         p = f"l{i}."
         out[p + "w_qkvz"] = w[p + "w_qkvz"][:, np.concatenate([conv, cfg.d_conv + vals])]
-        out[p + "w_ba"] = w[p + "w_ba"][:, np.concatenate([heads, HV + heads])]
+        if cfg.mixer == "mamba2":
+            out[p + "w_dt"] = w[p + "w_dt"][:, heads]
+            out[p + "A"], out[p + "D"] = w[p + "A"][heads], w[p + "D"][heads]
+        else:
+            out[p + "w_ba"] = w[p + "w_ba"][:, np.concatenate([heads, HV + heads])]
+            out[p + "A_log"] = w[p + "A_log"][heads]
         out[p + "conv_w"], out[p + "conv_b"] = w[p + "conv_w"][conv], w[p + "conv_b"][conv]
-        out[p + "A_log"], out[p + "dt_bias"] = w[p + "A_log"][heads], w[p + "dt_bias"][heads]
+        out[p + "dt_bias"] = w[p + "dt_bias"][heads]
         out[p + "w_o"] = w[p + "w_o"][vals]
         out[p + "w_gate"], out[p + "w_up"] = w[p + "w_gate"][:, mlp], w[p + "w_up"][:, mlp]
         out[p + "w_down"] = w[p + "w_down"][mlp]
@@ -227,7 +256,6 @@ def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],
         h = rms_norm_ref(x, w[p + "norm1"], cfg.eps)
         proj = linear_ref(h, w[p + "w_qkvz"])
         mixed, z = proj[:, :cfg.d_conv], proj[:, cfg.d_conv:]
-        ba = linear_ref(h, w[p + "w_ba"])
         conv_pool = np.zeros((1, cfg.d_conv, cfg.conv_kernel - 1))
         y, _, _ = causal_conv1d_update_ref(mixed, w[p + "conv_w"], w[p + "conv_b"], conv_pool,
                                            cu, none, zero, first, [False], layout="DS")
@@ -235,10 +263,16 @@ def reference_logits(cfg: ModelConfig, w: Dict[str, np.ndarray],
         k = y[:, H * K:2 * H * K].reshape(T, H, K)
         v = y[:, 2 * H * K:].reshape(T, HV, V)
         pool = np.zeros((1, HV, V, K))
-        o, _, _ = gated_delta_rule_ref(q, k, v, pool, cu, none, [first], [False],
-                                       A_log=w[p + "A_log"], a=ba[:, HV:],
-                                       dt_bias=w[p + "dt_bias"], b=ba[:, :HV],
-                                       use_qk_l2norm=True)
+        if cfg.mixer == "mamba2":  # q, k, v are C, B, x
+            o, _, _ = selective_state_update_ref(
+                v, linear_ref(h, w[p + "w_dt"]), w[p + "A"], k, q, w[p + "D"],
+                w[p + "dt_bias"], pool, cu, none, [first], [False])
+        else:
+            ba = linear_ref(h, w[p + "w_ba"])
+            o, _, _ = gated_delta_rule_ref(q, k, v, pool, cu, none, [first], [False],
+                                           A_log=w[p + "A_log"], a=ba[:, HV:],
+                                           dt_bias=w[p + "dt_bias"], b=ba[:, :HV],
+                                           use_qk_l2norm=True)
         o = rms_norm_ref(o.reshape(T * HV, V), w[p + "onorm"], cfg.eps,
                          z=z.reshape(T * HV, V)).reshape(T, HV * V)
         x = x + linear_ref(o, w[p + "w_o"])

@@ -65,7 +65,6 @@ class TorchModel:
             h = ops.rms_norm(x.to(dt), w[p + "norm1"], eps=cfg.eps)["y"]
             proj = ops.linear(h, w[p + "w_qkvz"])["y"]
             mixed, z = proj[:, :cfg.d_conv].contiguous(), proj[:, cfg.d_conv:].contiguous()
-            ba = ops.linear(h, w[p + "w_ba"])["y"]
             y = ops.conv1d_update_(pools["conv"], errors, mixed, w[p + "conv_w"],
                                    w[p + "conv_b"], cu_seqlens, blocks.conv_read,
                                    blocks.conv_read_bias, blocks.conv_write, is_spec, layer=i,
@@ -73,11 +72,18 @@ class TorchModel:
             q = y[:, :H * K].contiguous().view(T, H, K)
             k = y[:, H * K:2 * H * K].contiguous().view(T, H, K)
             v = y[:, 2 * H * K:].contiguous().view(T, HV, V)
-            b, a = ba[:, :HV].contiguous(), ba[:, HV:].contiguous()
-            o = ops.gated_delta_rule_fused_gates_(
-                pools["ssm"], errors, q, k, v, a, b, w[p + "A_log"], w[p + "dt_bias"],
-                cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
-                use_qk_l2norm=True)["o"]
+            if cfg.mixer == "mamba2":  # q, k, v are C, B, x
+                o = ops.selective_state_update_(
+                    pools["ssm"], errors, v, ops.linear(h, w[p + "w_dt"])["y"], w[p + "A"], k,
+                    q, w[p + "D"], w[p + "dt_bias"], cu_seqlens, blocks.temporal_read,
+                    blocks.temporal_write, is_spec, layer=i)["y"]
+            else:
+                ba = ops.linear(h, w[p + "w_ba"])["y"]
+                b, a = ba[:, :HV].contiguous(), ba[:, HV:].contiguous()
+                o = ops.gated_delta_rule_fused_gates_(
+                    pools["ssm"], errors, q, k, v, a, b, w[p + "A_log"], w[p + "dt_bias"],
+                    cu_seqlens, blocks.temporal_read, blocks.temporal_write, is_spec, layer=i,
+                    use_qk_l2norm=True)["o"]
             o = ops.rms_norm_gated(o.view(T * HV, V), z.view(T * HV, V), w[p + "onorm"],
                                    eps=cfg.eps)["y"]
             x = x + self.reduce(ops.linear(o.view(T, HV * V), w[p + "w_o"])["y"].float())

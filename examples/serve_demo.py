@@ -7,7 +7,9 @@ then through the reference scheduler and each backend's runner with the prefix c
 and off, in pre-copy and copy-free mode, and from JAX. The table shows what the cache
 saved; the checks compare the logits of every position, bit for bit, between the runs.
 Runs on the CPU (Triton's interpreter) or a GPU:
-``python examples/serve_demo.py [--conversations N] [--new-tokens N] [--png PATH]``.
+``python examples/serve_demo.py [--conversations N] [--new-tokens N] [--png PATH]
+[--mixer mamba2]`` (``mamba2``: the same model with Mamba2's recurrence in place of the
+gated delta rule).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import warnings  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from hybrid_model import TINY, init_weights  # noqa: E402
+from hybrid_model import TINY, TINY_MAMBA2, init_weights  # noqa: E402
 from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")  # eager bookkeeping
@@ -52,6 +54,8 @@ def main() -> None:
     ap.add_argument("--conversations", type=int, default=3, help="chats of two turns each")
     ap.add_argument("--new-tokens", type=int, default=6)
     ap.add_argument("--png", type=Path, default=Path("demo_tokens_saved.png"))
+    ap.add_argument("--mixer", choices=("gdn", "mamba2"), default="gdn",
+                    help="the recurrence: the gated delta rule or Mamba2's")
     args = ap.parse_args()
 
     import jax
@@ -62,11 +66,14 @@ def main() -> None:
     from mamba_align.backends.torch import StateRunner
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    cfg, cache, num_blocks, slots = TINY, TINY.cache_config(B, S), 64, 4
+    cfg = TINY_MAMBA2 if args.mixer == "mamba2" else TINY
+    cache, num_blocks, slots = cfg.cache_config(B, S), 64, 4
     weights = init_weights(cfg, seed=0)
-    print(f"model: {cfg.layers} GDN layers, d_model {cfg.d_model}, {cfg.value_heads} value "
-          f"heads of {cfg.head_v}x{cfg.head_k}, vocab {cfg.vocab}; block size {B}, {S} "
-          f"drafts per step; torch on {dev}, JAX on {jax.default_backend()}")
+    layers = (f"{cfg.layers} Mamba2 layers, d_model {cfg.d_model}, {cfg.value_heads} heads"
+              if cfg.mixer == "mamba2" else
+              f"{cfg.layers} GDN layers, d_model {cfg.d_model}, {cfg.value_heads} value heads")
+    print(f"model: {layers} of {cfg.head_v}x{cfg.head_k}, vocab {cfg.vocab}; block size {B}, "
+          f"{S} drafts per step; torch on {dev}, JAX on {jax.default_backend()}")
     model = TorchModel(cfg, weights, dev)
 
     t = time.perf_counter()

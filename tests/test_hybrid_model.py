@@ -1,7 +1,8 @@
-"""The hybrid model of examples/hybrid_model.py on the library's kernels: against its
-float64 reference, torch and JAX bit for bit, a row the same in any batch, and a prompt
-served in chunks through the state blocks giving the bits of the prompt served at once
-(what makes a prefix-cache hit exact)."""
+"""The hybrid model of examples/hybrid_model.py on the library's kernels, with the gated
+delta rule and with Mamba2's recurrence: against its float64 reference, torch and JAX bit
+for bit, a row the same in any batch, and a prompt served in chunks through the state
+blocks giving the bits of the prompt served at once (what makes a prefix-cache hit
+exact)."""
 
 import sys
 from pathlib import Path
@@ -10,13 +11,15 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-from hybrid_model import TINY, Blocks, init_weights, reference_logits  # noqa: E402
+from hybrid_model import TINY, TINY_MAMBA2, Blocks, init_weights, reference_logits  # noqa: E402
 
 from mamba_align.core import new_errors  # noqa: E402
 
 S, NB = 2, 12  # drafts per step, blocks per pool
 CFG = TINY.cache_config(block_size=4, num_spec=S)
 WEIGHTS = init_weights(TINY, seed=0)
+MODELS = {"gdn": (TINY, WEIGHTS), "mamba2": (TINY_MAMBA2, init_weights(TINY_MAMBA2, seed=0))}
+assert TINY_MAMBA2.cache_config(4, S) == CFG  # the same pools
 RNG = np.random.default_rng(0)
 PROMPT = RNG.integers(0, TINY.vocab, size=10)
 
@@ -28,12 +31,13 @@ def empty_pools():
 class TorchRun:
     name = "torch"
 
-    def __init__(self):
+    def __init__(self, mixer="gdn"):
         import torch
         from hybrid_torch import TorchModel
         self.torch = torch
+        self.cfg, self.weights = MODELS[mixer]
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = TorchModel(TINY, WEIGHTS, self.dev)
+        self.model = TorchModel(self.cfg, self.weights, self.dev)
 
     def step(self, pools, tokens, rows):
         """``rows``: per row ``(length, temporal_read, conv_read, conv_bias,
@@ -53,11 +57,12 @@ class TorchRun:
 class JaxRun:
     name = "jax"
 
-    def __init__(self):
+    def __init__(self, mixer="gdn"):
         import jax
         import jax.numpy as jnp
         from hybrid_jax import forward, load_weights
-        self.jnp, self.w = jnp, load_weights(TINY, WEIGHTS)
+        self.cfg, self.weights = MODELS[mixer]
+        self.jnp, self.w = jnp, load_weights(self.cfg, self.weights)
         self.fn = jax.jit(forward, static_argnums=0, donate_argnums=(2, 3))
 
     def step(self, pools, tokens, rows):
@@ -65,8 +70,8 @@ class JaxRun:
         A = lambda a, dt=jnp.int32: jnp.asarray(np.asarray(a), dt)  # noqa: E731
         cu = np.concatenate([[0], np.cumsum([r[0] for r in rows])])
         blocks = Blocks(*(A([r[i] for r in rows]) for i in range(1, 6)))
-        logits, pools, errors = self.fn(TINY, self.w, {n: jnp.asarray(p) for n, p in
-                                                       pools.items()},
+        logits, pools, errors = self.fn(self.cfg, self.w, {n: jnp.asarray(p) for n, p in
+                                                           pools.items()},
                                         jnp.asarray(new_errors()), A(tokens), A(cu), blocks,
                                         A([r[6] for r in rows], bool))
         return np.asarray(logits), {n: np.asarray(p) for n, p in pools.items()}, \
@@ -77,11 +82,15 @@ RUNS = {"torch": TorchRun, "jax": JaxRun}
 _MADE = {}
 
 
-@pytest.fixture(params=["torch", "jax"])
+def made(name, mixer):
+    if (name, mixer) not in _MADE:
+        _MADE[name, mixer] = RUNS[name](mixer)
+    return _MADE[name, mixer]
+
+
+@pytest.fixture(params=[(b, m) for m in MODELS for b in RUNS], ids="-".join)
 def run(request):
-    if request.param not in _MADE:
-        _MADE[request.param] = RUNS[request.param]()
-    return _MADE[request.param]
+    return made(*request.param)
 
 
 def fresh(n, t_write=1, c_write=2):
@@ -91,12 +100,13 @@ def fresh(n, t_write=1, c_write=2):
 
 def test_matches_the_float64_reference(run):
     logits, _, errors = run.step(empty_pools(), PROMPT, [fresh(len(PROMPT))])
-    want = reference_logits(TINY, WEIGHTS, PROMPT)
+    want = reference_logits(run.cfg, run.weights, PROMPT)
     np.testing.assert_allclose(logits, want, rtol=2e-4, atol=2e-4)
     assert errors.tolist() == new_errors().tolist()
 
 
-def test_torch_and_jax_give_the_same_bits():
+@pytest.mark.parametrize("mixer", MODELS)
+def test_torch_and_jax_give_the_same_bits(mixer):
     # a prefill row, a decode row reading the first row's blocks, a spec row of 1 + S
     pools = empty_pools()
     rng = np.random.default_rng(1)
@@ -104,8 +114,7 @@ def test_torch_and_jax_give_the_same_bits():
     pools["conv"][:, 4] = rng.normal(size=pools["conv"][:, 4].shape)
     rows = [fresh(6), (1, 3, 4, 1, [5, -1, -1], 6, False), (1 + S, 3, 4, 0, [7, 8, 9], 10, True)]
     tokens = rng.integers(0, TINY.vocab, size=6 + 1 + 1 + S)
-    got = [RUNS[name]().step(pools, tokens, rows) if name not in _MADE
-           else _MADE[name].step(pools, tokens, rows) for name in ("torch", "jax")]
+    got = [made(name, mixer).step(pools, tokens, rows) for name in ("torch", "jax")]
     for a, b in zip(got[0][:2], got[1][:2]):
         for x, y in (zip(a.values(), b.values()) if isinstance(a, dict) else [(a, b)]):
             np.testing.assert_array_equal(x, y)
@@ -267,6 +276,18 @@ def test_init_weights_and_shards_are_what_the_configs_need():
     part, w = shard(TINY, WEIGHTS, 2, 1)  # (shard checks its output too)
     check_weights(part, w)
     assert part.value_heads == TINY.value_heads // 2
+    # Mamba2: rank 1 of 2 holds group 1's C and B channels, heads 2-3's x, dt, A, D
+    m2, w2 = MODELS["mamba2"]
+    part, w = shard(m2, w2, 2, 1)
+    G, H, N, P = m2.heads, m2.value_heads, m2.head_k, m2.head_v
+    heads = np.arange(H // 2, H)
+    for n in ("A", "D", "dt_bias"):
+        np.testing.assert_array_equal(w["l0." + n], w2["l0." + n][heads])
+    np.testing.assert_array_equal(w["l0.w_dt"], w2["l0.w_dt"][:, heads])
+    group = np.arange(N * G // 2, N * G)  # the second group's state-size channels
+    conv = np.concatenate([group, G * N + group, 2 * G * N + np.arange(H // 2 * P, H * P)])
+    np.testing.assert_array_equal(w["l1.conv_w"], w2["l1.conv_w"][conv])
+    assert part.cache_config(4, S).states["ssm"].shape == (H // 2, P, N)
 
 
 def _wrong_weights(kind):
