@@ -42,8 +42,13 @@ STATE_FIRST_BELOW = 2
 
 @triton.jit
 def softplus(x):
-    """``log(1 + exp(x))``, and ``x`` itself above 20 (fp32)."""
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+    """``log(1 + exp(x))``, and ``x`` itself above 20 (fp32). ``log(1 + e)`` is taken as
+    ``log(u) * e / (u - 1)`` for ``u = 1 + e`` (``e`` where ``u`` rounds to 1): a plain
+    ``log(u)`` keeps only ``u``'s rounding of ``e``, relative error 1e-4 at ``x = -7`` and
+    0.2 at ``x = -14``, where gate biases are initialised; this keeps ``exp``'s."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
 
 
 @triton.jit

@@ -165,7 +165,8 @@ def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec
     if P == 0 or N == 0:
         raise ValueError(f"head dim and state size must be >= 1, got P={P}, N={N}")
     check_array("C", C, (T, G, N), FLOAT_DTYPES)
-    if C.strides != B.strides:
+    if any(b != c for b, c, n in zip(B.strides, C.strides, B.shape) if n > 1):
+        # (the kernel reaches C through B's strides; those of unit dims are never used)
         raise ValueError(f"C must have B's strides {list(B.strides)}, got {list(C.strides)}")
     check_array("dt", dt, (T, H), FLOAT_DTYPES)
     for name, spec in (("A", A), ("D", D), ("dt_bias", dt_bias)):
@@ -202,7 +203,9 @@ def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec
                     # the state's alignment in elements, stated by the kernel (same_binary_jit)
                     "ALIGN": largest_align((scal["layer_stride"], scal["block_stride"],
                                             pool.strides[2]), 16),
-                    "X_ALIGN": io_align(x, x.strides[:2]), "BC_ALIGN": io_align(B, B.strides[:2]),
+                    # (x's tile offset i_p * BP is under the hint too)
+                    "X_ALIGN": io_align(x, (*x.strides[:2], bp)),
+                    "BC_ALIGN": io_align(B, B.strides[:2]),
                     "H": H, "GROUP": H // G},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
@@ -222,15 +225,16 @@ SELECTIVE_STATE_UPDATE = Op(
     doc="""Mamba2's selective state update (docs/semantics.md §4) over variable-length rows,
     for layer ``layer`` of a state pool ``[L, NB, H, P, N]`` (heads, head dim, state size),
     fp32 or bf16, updated in place. ``x``: ``[T_total, H, P]``; ``dt``: ``[T_total, H]``;
-    ``A``, ``D``, ``dt_bias``: ``[H]``; ``B``, ``C``: ``[T_total, G, N]`` with the same
-    strides (``H % G == 0``: head ``h`` uses group ``h // (H / G)``); all fp32/fp16/bf16.
+    ``A`` (negative: Mamba2's ``-exp(A_log)``), ``D``, ``dt_bias``: ``[H]``; ``B``, ``C``:
+    ``[T_total, G, N]`` with the same strides (``H % G == 0``: head ``h`` uses group ``h // (H / G)``); all fp32/fp16/bf16.
     ``cu_seqlens``: int ``[N_rows + 1]``; ``read_block`` int ``[N_rows]`` (the resolve
     step's ``temporal_read``; -1: zero state); ``write_blocks`` int ``[N_rows, 1 + S]``
     (``temporal_write``; -1: no write); ``is_spec`` ``[N_rows]`` (nonzero: the state after
     token ``j + 1`` goes to write block ``j``; otherwise the final state to write block 0).
 
     Per token and head, in fp32: ``d = dt + dt_bias``, then ``softplus(d)`` (linear above
-    20) when ``dt_softplus``; ``h = h * exp(d * A) + (d * x) ⊗ B``; ``y = h @ C + D * x``.
+    20) when ``dt_softplus`` (default on, as Mamba2 layers call it; mamba_ssm's function
+    defaults to off); ``h = h * exp(d * A) + (d * x) ⊗ B``; ``y = h @ C + D * x``.
     Returns ``y`` ``[T_total, H, P]`` in ``x``'s dtype (gate it with ``rms_norm_gated``,
     as Mamba2 does).
 

@@ -23,15 +23,18 @@ WBS = np.array([[1, -1, -1], [2, -1, -1], [5, 4, 6], [8, -1, -1], [3, -1, -1], [
 SPEC = np.array([0, 0, 1, 1, 0, 0])
 
 
-def inputs(rng, H, G, P, N, T=int(CU[-1]), dtype=np.float32, pool_dtype=np.float32):
-    """``(pool, ins)``: a pool ``[L, NB, H, P, N]`` and the inputs by name; step sizes
-    around softplus's bend, decays ``A < 0``."""
+def inputs(rng, H, G, P, N, T=int(CU[-1]), dtype=np.float32, pool_dtype=np.float32,
+           dt_bias=(-1, 1)):
+    """``(pool, ins)``: a pool ``[L, NB, H, P, N]`` and the inputs by name (``A``, ``D``
+    and ``dt_bias`` fp32, the rest ``dtype``); step sizes around softplus's bend unless
+    ``dt_bias`` (a range) says otherwise, decays ``A < 0``."""
     pool = (0.5 * rng.normal(size=(L, NB, H, P, N))).astype(pool_dtype)
     ins = {"x": rng.normal(size=(T, H, P)), "dt": rng.normal(size=(T, H)) - 1,
            "A": -rng.uniform(0.5, 4, H), "B": rng.normal(size=(T, G, N)),
            "C": rng.normal(size=(T, G, N)), "D": rng.normal(size=H),
-           "dt_bias": rng.uniform(-1, 1, H)}
-    return pool, {n: a.astype(dtype) for n, a in ins.items()}
+           "dt_bias": rng.uniform(*dt_bias, H)}
+    return pool, {n: a.astype(np.float32 if n in ("A", "D", "dt_bias") else dtype)
+                  for n, a in ins.items()}
 
 
 def tokens(ins, t0, t1):
@@ -47,7 +50,10 @@ CASES = [  # H, G, P, N, dt_softplus
     (1, 1, 16, 16, True),
     (4, 2, 12, 20, True),  # groups, odd sizes (masking), two head-dim tiles
     (2, 1, 8, 40, False),  # one group for two heads, N not a power of two, no softplus
+    (6, 2, 8, 8, True),  # three heads a group (H / G != G)
+    (3, 3, 1, 1, True),  # a group per head, P = N = 1
 ]
+WRITTEN = [1, 2, 4, 5, 6, 8]  # the write blocks the rows above use in layer 1
 
 
 @pytest.mark.parametrize("H,G,P,N,dt_softplus", CASES)
@@ -60,9 +66,34 @@ def test_matches_the_reference(backend, H, G, P, N, dt_softplus):
     close(y, ry, 1e-5)
     close(out, rout, 1e-5)
     assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
-    kept = [0, 7, 9, 10, 11]  # read only, or untouched
+    kept = np.setdiff1d(np.arange(NB), WRITTEN)  # read only, or untouched
     assert (out[0] == pool[0]).all() and (out[1, kept] == pool[1, kept]).all()
-    assert not (out[1, [1, 2, 3, 4, 5, 6, 8]] == pool[1, [1, 2, 3, 4, 5, 6, 8]]).all()
+    for b in WRITTEN:
+        assert (out[1, b] != pool[1, b]).any(), b
+
+
+def test_step_sizes_far_below_softplus_bend(backend):
+    # dt + dt_bias around -9 (Mamba2 initialises dt_bias to -6.9 ... -2.3): a plain fp32
+    # log(1 + exp(x)) is off by 1e-3 there, which the outputs of fresh rows would show
+    rng = np.random.default_rng(13)
+    pool, ins = inputs(rng, 2, 1, 8, 8, dt_bias=(-8.5, -7.5))
+    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    ry, rout, _ = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,pool_dtype", [(ml_dtypes.bfloat16, np.float32),
+                                              (np.float16, np.float32)])
+def test_half_inputs_on_an_fp32_pool(backend, dtype, pool_dtype):
+    # Mamba2 serving's usual setting: bf16 (or fp16) activations, fp32 state
+    rng = np.random.default_rng(14)
+    pool, ins = inputs(rng, 4, 2, 8, 16, dtype=dtype, pool_dtype=pool_dtype)
+    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    ry, rout, _ = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    assert y.dtype == dtype and out.dtype == pool_dtype
+    close(y, ry, 3e-2)
+    close(out, rout, 1e-5)  # the state's arithmetic is fp32 on the inputs as given
 
 
 def test_bf16_inputs_and_state(backend):
@@ -96,19 +127,22 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
 
 
 def test_faulty_rows_are_flagged_and_write_nothing(backend):
-    # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good row
+    # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good
+    # row; two heads of two head-dim tiles each (P = 12): every program of a faulty row
+    # must skip it
     rng = np.random.default_rng(4)
-    pool, ins = inputs(rng, 1, 1, 8, 8, T=7)
+    pool, ins = inputs(rng, 2, 1, 12, 8, T=7)
     pool[:] = SENTINEL
-    pool[1, 1:4] = rng.normal(size=(3, 1, 8, 8))
+    pool[1, 1:4] = rng.normal(size=(3, 2, 12, 8))
     args = (pool, ins, np.array([0, 1, 2, 6, 7]), np.array([NB, 1, 2, 3]),
             np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]]), np.array([0, 0, 1, 0]))
     y, out, err = backend.ssu(*args, layer=1)
     ry, rout, rerr = make_backend("reference").ssu(*args, layer=1)
     assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
     assert err.tolist() == rerr.tolist() and err[1] == 0
-    assert (y[:6] == 0).all()
+    assert (y[:6] == 0).all()  # every head and head-dim row
     close(y[6], ry[6], 1e-5)
+    assert (out[0] == pool[0]).all()
     assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
     close(out[1, 8], rout[1, 8], 1e-5)
 
@@ -135,8 +169,8 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
     cu = seqlens_case(40, changed)
     n = len(cu) - 1
     rng = np.random.default_rng(12)
-    pool, ins = inputs(rng, 1, 1, 8, 8, T=n)
-    pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 1, 8, 8))).astype(np.float32)
+    _, ins = inputs(rng, 2, 1, 12, 8, T=n)  # two heads, two head-dim tiles
+    pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 2, 12, 8))).astype(np.float32)
     wb = np.arange(n + 1, 2 * n + 1)
     args = (cu, np.arange(1, n + 1), wb[:, None], np.zeros(n, int))
     got, ref = (b.ssu(pool, ins, *args, layer=1) for b in (backend, make_backend("reference")))
@@ -157,6 +191,14 @@ def test_rows_without_tokens_still_flag_bad_ids(backend):
     (dict(C=np.zeros((12, 2, 4), np.float32)), "C must have shape"),
     (dict(dt=np.zeros((12, 3), np.float32)), "dt must have shape"),
     (dict(A=np.zeros(4, np.int32)), "A must have dtype"),
+    (dict(D=np.zeros(3, np.float32)), "D must have shape"),
+    (dict(dt_bias=np.zeros((4, 1), np.float32)), "dt_bias must have shape"),
+    (dict(B=np.zeros((11, 2, 8), np.float32)), "B must have shape"),
+    (dict(B=np.zeros((12, 0, 8), np.float32)), "multiple of groups"),
+    (dict(B=np.zeros((12, 2, 0), np.float32), C=np.zeros((12, 2, 0), np.float32)),
+     "state size must be >= 1"),
+    (dict(x=np.zeros((12, 4, 0), np.float32)), "head dim and state size must be >= 1"),
+    (dict(wbs=np.zeros((6, 0), np.int64)), "write_blocks must have 1"),
     (dict(pool=np.zeros((L, NB, 4, 8, 8), np.float16)), "pool must have dtype"),
     (dict(pool=np.zeros((L, NB, 4, 8, 4), np.float32)), "pool must have shape"),
 ])
@@ -166,8 +208,9 @@ def test_bad_arguments_raise(device_backend, change, error):
     change = dict(change)  # (shared by the backends' runs)
     layer = change.pop("layer", 0)
     pool = change.pop("pool", pool)
+    wbs = change.pop("wbs", WBS)
     with pytest.raises((ValueError, TypeError), match=error):
-        device_backend.ssu(pool, dict(ins, **change), CU, RB, WBS, SPEC, layer=layer)
+        device_backend.ssu(pool, dict(ins, **change), CU, RB, wbs, SPEC, layer=layer)
 
 
 def test_c_with_other_strides_than_b_is_refused():
@@ -177,7 +220,7 @@ def test_c_with_other_strides_than_b_is_refused():
     rng = np.random.default_rng(10)
     pool, ins = inputs(rng, 1, 1, 8, 8)
     t = {n: torch.tensor(a) for n, a in ins.items()}
-    t["C"] = torch.zeros(len(CU) and int(CU[-1]), 1, 16)[..., :8]  # strides (16, 16, 1)
+    t["C"] = torch.zeros(int(CU[-1]), 1, 16)[..., :8]  # strides (16, 16, 1)
     with pytest.raises(ValueError, match="C must have B's strides"):
         ops.selective_state_update_(torch.tensor(pool), torch.tensor(new_errors()),
                                     *(t[n] for n in SSU_INPUTS), torch.tensor(CU),
@@ -217,3 +260,59 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     jitted = fn(A(pool), A(new_errors()), *args, layer=1)
     for name in ("y", "pool", "errors"):
         np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))
+
+
+def test_inputs_as_views_give_the_bits_of_contiguous_ones():
+    # x, B and C as views of one conv output (x | B | C per token, odd row stride), dt of a
+    # wider projection: the kernel reaches them through their strides (on the GPU the
+    # alignment they allow too: tests/test_recurrent_gpu.py)
+    import torch
+
+    from mamba_align.backends.torch import ops
+    T, H, P, G, N = 5, 4, 12, 2, 16
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator().manual_seed(1)
+    xbc = torch.randn(T, 1 + H * P + 2 * G * N + 3, generator=g).to(dev)
+    x = xbc[:, 1:1 + H * P].unflatten(1, (H, P))
+    B = xbc[:, 1 + H * P:1 + H * P + G * N].unflatten(1, (G, N))
+    C = xbc[:, 1 + H * P + G * N:1 + H * P + 2 * G * N].unflatten(1, (G, N))
+    dt = torch.randn(T, H + 3, generator=g).to(dev)[:, 1:1 + H]
+    A, D, dt_bias = (-torch.rand(H, generator=g) - 0.5).to(dev), torch.randn(H).to(dev), \
+        torch.randn(H).to(dev)
+    init = torch.randn(H, P, N, generator=g).to(dev)
+    ids = lambda *v: torch.tensor(v, device=dev)  # noqa: E731
+
+    def run(x, dt, B, C):
+        pool = torch.zeros((1, 6, H, P, N), device=dev)
+        pool[0, 1] = init
+        errors = torch.tensor(new_errors(), device=dev)
+        y = ops.selective_state_update_(pool, errors, x, dt, A, B, C, D, dt_bias,
+                                        ids(0, 2, T), ids(1, 1), ids([2, 3, 4], [5, -1, -1]),
+                                        ids(1, 0), layer=0)["y"]
+        assert errors.tolist() == new_errors().tolist()
+        return y, pool
+
+    (yv, pv), (yc, pc) = run(x, dt, B, C), run(*(a.contiguous() for a in (x, dt, B, C)))
+    assert torch.equal(yv, yc) and torch.equal(pv, pc)
+    assert pv[0, 2:6].abs().sum() > 0  # the candidates and the final state were written
+
+
+def test_unit_dims_of_c_may_have_any_stride():
+    # decode (T = 1) with one group: C's strides on its unit dims are never used
+    import torch
+
+    from mamba_align.backends.torch import ops
+    rng = np.random.default_rng(15)
+    pool, ins = inputs(rng, 2, 1, 8, 8, T=1)
+    t = {n: torch.tensor(a) for n, a in ins.items()}
+    t["C"] = torch.tensor(ins["C"]).as_strided((1, 1, 8), (99, 7, 1))
+    args = (torch.tensor([0, 1]), torch.tensor(RB[1:2]), torch.tensor(WBS[1:2]),
+            torch.tensor(SPEC[1:2]))  # a decode row reading and writing block 2
+    got = torch.tensor(pool)
+    y = ops.selective_state_update_(got, torch.tensor(new_errors()), *(t[n] for n in SSU_INPUTS),
+                                    *args, layer=1)["y"]
+    ry, rout, rerr = make_backend("reference").ssu(pool, ins, *(a.numpy() for a in args),
+                                                   layer=1)
+    assert rerr.tolist() == new_errors().tolist()
+    close(y.numpy(), ry, 1e-5)
+    close(got.numpy(), rout, 1e-5)
