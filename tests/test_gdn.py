@@ -6,11 +6,13 @@ the same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
+import triton
+import triton.language as tl
 from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
 
 from mamba_align.core import Fault, new_errors
 from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
-from mamba_align.kernels.gdn import STREAM_BELOW
+from mamba_align.kernels.gdn import STREAM_BELOW, softplus
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25
@@ -315,3 +317,25 @@ def test_the_torch_launcher_passes_the_register_cap(monkeypatch):
     tops.gated_delta_rule_(T(pool), T(new_errors()), T(q), T(k), T(v), T(gates["g"]),
                            T(gates["beta"]), T(CU), T(RB), T(WBS), T(SPEC), layer=1)
     assert seen == [gdn.REGISTER_CAP]
+
+
+
+@triton.jit
+def _apply_softplus(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    o = tl.arange(0, BLOCK)
+    tl.store(y_ptr + o, softplus(tl.load(x_ptr + o, mask=o < n, other=0)), mask=o < n)
+
+
+def test_the_kernels_softplus_is_accurate_far_below_zero():
+    """The in-kernel gates' softplus (shared with the selective state update) against
+    float64 ``log1p(exp(x))``: within a few fp32 ulps also where ``1 + exp(x)`` rounds
+    ``exp(x)`` away (gate biases are initialised around -7 to -2), ``x`` itself above 20."""
+    import torch
+    x = np.array([-90, -30, -14, -10, -7, -3, -1e-3, 0, 1e-3, 2, 7, 19.9, 20, 20.5, 40],
+                 np.float32)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    xt = torch.tensor(x, device=dev)
+    yt = torch.empty_like(xt)
+    _apply_softplus[(1,)](xt, yt, len(x), BLOCK=16)
+    want = np.where(x > 20, x.astype(np.float64), np.log1p(np.exp(x.astype(np.float64))))
+    np.testing.assert_allclose(yt.cpu().numpy(), want, rtol=2e-6, atol=0)
