@@ -328,7 +328,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         raise ValueError(f"value heads HV={HV} must be a positive multiple of qk heads H={H}")
     if K == 0 or V == 0:
         raise ValueError(f"head sizes must be >= 1, got K={K}, V={V}")
-    if k.strides != q.strides:
+    if any(a != b for a, b, n in zip(q.strides, k.strides, q.shape) if n > 1):
+        # (the kernel reaches k through q's strides; those of unit dims are never used)
         raise ValueError(f"k must have q's strides {list(q.strides)}, got {list(k.strides)}")
     state = (HV, K, V) if layout == "KV" else (HV, V, K)
     check_pool("pool", pool, state)
@@ -340,7 +341,7 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     names = ("a", "b") if fused else ("g", "beta")
     check_array(names[0], gate_a, (T, HV), FLOAT_DTYPES)
     check_array(names[1], gate_b, (T, HV), FLOAT_DTYPES)
-    if gate_a.strides[0] != gate_b.strides[0]:
+    if T > 1 and gate_a.strides[0] != gate_b.strides[0]:
         raise ValueError(f"{names[0]} and {names[1]} must have the same row stride")
     if fused:
         check_array("A_log", A_log, (HV,), FLOAT_DTYPES)

@@ -339,3 +339,27 @@ def test_the_kernels_softplus_is_accurate_far_below_zero():
     _apply_softplus[(1,)](xt, yt, len(x), BLOCK=16)
     want = np.where(x > 20, x.astype(np.float64), np.log1p(np.exp(x.astype(np.float64))))
     np.testing.assert_allclose(yt.cpu().numpy(), want, rtol=2e-6, atol=0)
+
+
+def test_unit_dims_of_k_and_the_gates_may_have_any_stride():
+    # decode (T = 1) with one qk head: k's strides and the second gate's row stride on unit
+    # dims are never used, so they are not required to match q's / the first gate's
+    import torch
+
+    from mamba_align.backends.torch import ops
+    rng = np.random.default_rng(16)
+    pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    row = slice(5, 6)  # the decode row reading and writing block 2
+    kt = torch.tensor(k[row]).as_strided((1, 1, 8), (77, 5, 1))
+    beta = torch.tensor(gates["beta"][row]).as_strided((1, 2), (33, 1))
+    got = torch.tensor(pool)
+    args = [torch.tensor(a) for a in (CU[1:3] - CU[1], RB[1:2], WBS[1:2], SPEC[1:2])]
+    o = ops.gated_delta_rule_(got, torch.tensor(new_errors()), torch.tensor(q[row]), kt,
+                              torch.tensor(v[row]), torch.tensor(gates["g"][row]), beta, *args,
+                              layer=1)["o"]
+    ro, rout, rerr = make_backend("reference").gdn(
+        pool, q[row], k[row], v[row], {n: x[row] for n, x in gates.items()},
+        *(a.numpy() for a in args), layer=1)
+    assert rerr.tolist() == new_errors().tolist()
+    close(o.numpy(), ro, 1e-5)
+    close(got.numpy(), rout, 1e-5)
