@@ -18,8 +18,9 @@ expanded groups): its rows time the recurrence alone, ours the whole update.
 Methods: ``ours`` (torch, CUDA-graph replay), ``ours_jax`` (jitted, pool donated; GPU busy
 time from a profiler trace), ``fla`` (contiguous states), ``fla_pooled`` (gather the read
 blocks with ``index_select``, fla, scatter with ``index_copy_``), ``fla_pooled_indexing``
-(plain indexing). Every output is checked against the float64 reference of a row before
-anything is timed. TB/s counts the state traffic only: the state read once plus every state
+(plain indexing). Before anything is timed, ours is checked against the float64 reference
+on a batch's first and last rows (y and every state written), fla and ours_jax on its
+first row. TB/s counts the state traffic only: the state read once plus every state
 written. Blocks are cycled through groups that exceed the L2 cache, as in
 ``bench_recurrent.py``.
 
@@ -28,7 +29,7 @@ Usage::
     python benchmarks/bench_selective_state.py [--out benchmarks/results] [--small]
 
 Writes ``selective_state_h200.json`` and ``selective_state_h200.md`` under ``--out``.
-``--small``: a CPU smoke run in Triton's interpreter, tiny shapes, ours only.
+``--small``: tiny shapes (a smoke run; on the CPU in Triton's interpreter, ours only).
 """
 
 from __future__ import annotations

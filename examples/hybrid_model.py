@@ -101,7 +101,7 @@ class ModelConfig:
 
     def cache_config(self, block_size: int, num_spec: int) -> CacheConfig:
         """The two states of every layer: the conv window (``DS`` layout, the model's
-        dtype) and the gated delta rule's ``[HV, V, K]`` fp32 state."""
+        dtype) and the recurrence's fp32 state, ``[HV, V, K]`` (Mamba2: ``[H, P, N]``)."""
         return CacheConfig(block_size, num_spec, self.layers, {
             "conv": ConvSpec(self.conv_kernel, self.d_conv, "DS", self.dtype),
             "ssm": TemporalSpec((self.value_heads, self.head_v, self.head_k), "float32")})

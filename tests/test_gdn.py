@@ -328,7 +328,7 @@ def _apply_softplus(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 def test_the_kernels_softplus_is_accurate_far_below_zero():
     """The in-kernel gates' softplus (shared with the selective state update) against
-    float64 ``log1p(exp(x))``: within a few fp32 ulps also where ``1 + exp(x)`` rounds
+    float64 ``log1p(exp(x))``: as accurate as fp32 ``exp`` also where ``1 + exp(x)`` rounds
     ``exp(x)`` away (gate biases are initialised around -7 to -2), ``x`` itself above 20."""
     import torch
     x = np.array([-90, -30, -14, -10, -7, -3, -1e-3, 0, 1e-3, 2, 7, 19.9, 20, 20.5, 40],
@@ -338,7 +338,11 @@ def test_the_kernels_softplus_is_accurate_far_below_zero():
     yt = torch.empty_like(xt)
     _apply_softplus[(1,)](xt, yt, len(x), BLOCK=16)
     want = np.where(x > 20, x.astype(np.float64), np.log1p(np.exp(x.astype(np.float64))))
-    np.testing.assert_allclose(yt.cpu().numpy(), want, rtol=2e-6, atol=0)
+    # the GPU's exp (ex2.approx of x * log2(e)) loses accuracy in proportion to |x|: 7e-6
+    # relative at -90 on the H200; 2e-6 from -20 up (the interpreter's is exact)
+    got = yt.cpu().numpy()
+    np.testing.assert_allclose(got[x >= -20], want[x >= -20], rtol=2e-6, atol=0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=0)
 
 
 def test_unit_dims_of_k_and_the_gates_may_have_any_stride():
@@ -349,17 +353,18 @@ def test_unit_dims_of_k_and_the_gates_may_have_any_stride():
     from mamba_align.backends.torch import ops
     rng = np.random.default_rng(16)
     pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T = lambda a: torch.tensor(np.asarray(a), device=dev)  # noqa: E731, N806
     row = slice(5, 6)  # the decode row reading and writing block 2
-    kt = torch.tensor(k[row]).as_strided((1, 1, 8), (77, 5, 1))
-    beta = torch.tensor(gates["beta"][row]).as_strided((1, 2), (33, 1))
-    got = torch.tensor(pool)
-    args = [torch.tensor(a) for a in (CU[1:3] - CU[1], RB[1:2], WBS[1:2], SPEC[1:2])]
-    o = ops.gated_delta_rule_(got, torch.tensor(new_errors()), torch.tensor(q[row]), kt,
-                              torch.tensor(v[row]), torch.tensor(gates["g"][row]), beta, *args,
-                              layer=1)["o"]
+    kt = T(k[row]).as_strided((1, 1, 8), (77, 5, 1))
+    beta = T(gates["beta"][row]).as_strided((1, 2), (33, 1))
+    got, errors = T(pool), T(new_errors())
+    args = [T(a) for a in (CU[1:3] - CU[1], RB[1:2], WBS[1:2], SPEC[1:2])]
+    o = ops.gated_delta_rule_(got, errors, T(q[row]), kt, T(v[row]), T(gates["g"][row]), beta,
+                              *args, layer=1)["o"]
     ro, rout, rerr = make_backend("reference").gdn(
         pool, q[row], k[row], v[row], {n: x[row] for n, x in gates.items()},
-        *(a.numpy() for a in args), layer=1)
-    assert rerr.tolist() == new_errors().tolist()
-    close(o.numpy(), ro, 1e-5)
-    close(got.numpy(), rout, 1e-5)
+        *(a.cpu().numpy() for a in args), layer=1)
+    assert errors.tolist() == rerr.tolist() == new_errors().tolist()
+    close(o.cpu().numpy(), ro, 1e-5)
+    close(got.cpu().numpy(), rout, 1e-5)

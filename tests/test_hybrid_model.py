@@ -159,6 +159,7 @@ def test_logits_read_on_the_host_follow_numpys_copy_protocol():
     ("heads", 0, "heads must be >= 1"),
     ("conv_kernel", 1, "conv_kernel must be >= 2"),
     ("dtype", "int8", "dtype must be one of"),
+    ("mixer", "mamba", "mixer must be one of"),
 ])
 def test_the_model_config_refuses_what_it_cannot_run(field, value, match):
     from dataclasses import replace
@@ -257,6 +258,7 @@ def test_the_toy_layers_drop_a_write_to_no_block(backend):
         blocks = SimpleNamespace(**{k: torch.tensor(np.asarray(v), device=loop.dev)
                                     for k, v in ids.items()})
         loop.toy_layer(pools, blocks, batch)
+        pools = {n: p.cpu() for n, p in pools.items()}
     else:
         import jax.numpy as jnp
         import jax_serving_loop as loop

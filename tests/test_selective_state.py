@@ -309,15 +309,16 @@ def test_unit_dims_of_c_may_have_any_stride():
     from mamba_align.backends.torch import ops
     rng = np.random.default_rng(15)
     pool, ins = inputs(rng, 2, 1, 8, 8, T=1)
-    t = {n: torch.tensor(a) for n, a in ins.items()}
-    t["C"] = torch.tensor(ins["C"]).as_strided((1, 1, 8), (99, 7, 1))
-    args = (torch.tensor([0, 1]), torch.tensor(RB[1:2]), torch.tensor(WBS[1:2]),
-            torch.tensor(SPEC[1:2]))  # a decode row reading and writing block 2
-    got = torch.tensor(pool)
-    y = ops.selective_state_update_(got, torch.tensor(new_errors()), *(t[n] for n in SSU_INPUTS),
-                                    *args, layer=1)["y"]
-    ry, rout, rerr = make_backend("reference").ssu(pool, ins, *(a.numpy() for a in args),
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T = lambda a: torch.tensor(np.asarray(a), device=dev)  # noqa: E731, N806
+    t = {n: T(a) for n, a in ins.items()}
+    t["C"] = T(ins["C"]).as_strided((1, 1, 8), (99, 7, 1))
+    args = (T([0, 1]), T(RB[1:2]), T(WBS[1:2]), T(SPEC[1:2]))  # decode in and to block 2
+    got, errors = T(pool), T(new_errors())
+    y = ops.selective_state_update_(got, errors, *(t[n] for n in SSU_INPUTS), *args,
+                                    layer=1)["y"]
+    ry, rout, rerr = make_backend("reference").ssu(pool, ins, *(a.cpu().numpy() for a in args),
                                                    layer=1)
-    assert rerr.tolist() == new_errors().tolist()
-    close(y.numpy(), ry, 1e-5)
-    close(got.numpy(), rout, 1e-5)
+    assert errors.tolist() == rerr.tolist() == new_errors().tolist()
+    close(y.cpu().numpy(), ry, 1e-5)
+    close(got.cpu().numpy(), rout, 1e-5)
