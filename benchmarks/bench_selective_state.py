@@ -308,6 +308,31 @@ def table(data: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def section_md(results: Path) -> str:
+    """BENCHMARKS.md's section from ``results/selective_state_h200.json`` (empty without
+    it)."""
+    path = results / "selective_state_h200.json"
+    if not path.exists():
+        return ""
+    data = json.loads(path.read_text())
+    sh = data["header"]["shapes"]
+    return f"""## Mamba2 selective state update
+
+Generated from `benchmarks/results/{path.name}` (written by
+`benchmarks/bench_selective_state.py`).
+
+- Shapes: H = {sh['H']} heads, head dim P = {sh['P']}, state size N = {sh['N']}, G = {sh['G']} groups,
+  bf16 x / dt / B / C, fp32 state pool, softplus on dt; S = {sh['S']}.
+- TB/s counts state bytes only (read once + every state written); ours writes every
+  candidate on spec rows, fla the final state only.
+- fla: its scalar-decay linear attention (`fused_recurrent_simple_gla`), the same
+  recurrence, with its inputs prepared before timing; pooled: gather, fla, scatter.
+- No targets were set for this kernel. TB/s (µs):
+
+{table(data)}
+"""
+
+
 def _version(dist: str) -> Optional[str]:
     try:
         from importlib.metadata import version
