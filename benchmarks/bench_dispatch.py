@@ -48,7 +48,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import captured, host_ms  # noqa: E402  (also makes mamba_align importable)
+from timing import captured, dist_version, host_ms  # noqa: E402  (makes mamba_align
+#                                                               importable, too)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -258,7 +259,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     header = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
         "torch": torch.__version__, "triton": triton.__version__, "jax": jax.__version__,
-        "jax_backend": jax.default_backend(), "jax_triton": _version("jax-triton"),
+        "jax_backend": jax.default_backend(), "jax_triton": dist_version("jax-triton"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "step": "preprocess + pre-copy + resolve, postprocess + copies (no row reaches a "
                 "boundary: the copy launches copy nothing)",
@@ -291,13 +292,6 @@ def _cpu_name() -> str:
         pass
     return "unknown"
 
-
-def _version(dist: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-        return version(dist)
-    except Exception:
-        return None
 
 
 def table(records: List[Dict[str, Any]]) -> str:

@@ -47,7 +47,6 @@ import functools
 import itertools
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -55,7 +54,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
+from timing import (bench_ms, d2d_ceiling, dist_version, free,  # noqa: E402  (makes
+                    results_folder)  # mamba_align importable)
 from recurrent_cases import (Case, check, conv_bytes, fla_conv_calls, load_fla, np32,  # noqa: E402
                              shapes, state_bytes)
 from recurrent_report import plot, table  # noqa: E402
@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     step_rows(s, dev, gen, rec)
     header = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
-        "torch": torch.__version__, "triton": triton.__version__, "fla": _version("fla-core"),
-        "jax_triton": _version("jax-triton"), "shapes": {k: v for k, v in s.items()},
+        "torch": torch.__version__, "triton": triton.__version__, "fla": dist_version("fla-core"),
+        "jax_triton": dist_version("jax-triton"), "shapes": {k: v for k, v in s.items()},
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceiling": ceiling,
         "conv_groups": True,  # the conv pool and fla's caches cycle groups of their own
@@ -358,13 +358,6 @@ def step_rows(s, dev, gen, rec) -> None:
         free(torch.cuda.is_available())
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-        return version(dist)
-    except Exception:  # noqa: BLE001
-        return None
-
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -374,10 +367,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     ap.add_argument("--plot-only", type=Path, metavar="JSON",
                     help="redraw recurrent_h200.png under --out from an earlier run's JSON")
     args = ap.parse_args(argv)
-    if args.out is None:  # a smoke run never overwrites the recorded GPU results
-        args.out = Path(tempfile.mkdtemp(prefix="bench_recurrent_")) if args.small \
-            else HERE / "results"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = results_folder(args.out, args.small, "bench_recurrent_")
     if args.plot_only:
         plot(json.loads(args.plot_only.read_text()), args.out / "recurrent_h200.png")
         return

@@ -44,9 +44,7 @@ import datetime  # noqa: E402
 import functools  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
 
@@ -54,8 +52,9 @@ import numpy as np  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from timing import bench_ms, d2d_ceiling, free  # noqa: E402  (makes mamba_align importable)
-from recurrent_cases import check, np32  # noqa: E402
+from timing import (bench_ms, d2d_ceiling, dist_version, free,  # noqa: E402  (makes
+                    results_folder)  # mamba_align importable)
+from recurrent_cases import block_groups, check, np32  # noqa: E402
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -83,20 +82,16 @@ class SsuCase:
         H, G, P, N, S, L = (s[n] for n in ("H", "G", "P", "N", "S", "L"))
         self.B, self.T, self.spec = B, T, spec
         n = B * T
-        self.nsets = max(1, math.ceil(s["rotate"] / (B * H * P * N * 4)))
-        per = B * (2 + S)
-        nb = 2 + self.nsets * per
-        ids = (torch.randperm(nb - 1, generator=gen)[: self.nsets * per] + 1).to(dev)
-        self.sets = []
-        for i in range(self.nsets):
-            g = ids[i * per:(i + 1) * per]
-            wbs = g[B:].view(B, 1 + S).clone()
-            if not spec:
-                wbs[:, 1:] = -1
-            self.sets.append((g[:B].clone(), wbs, wbs[:, T - 1 if spec else 0].clone()))
+        nb, groups = block_groups(B, S, spec, H * P * N * 4, s["rotate"], gen, dev)
+        # (read, write, the final state's write block)
+        self.sets = [(rb, wbs, wbs[:, T - 1].clone() if spec else last)
+                     for rb, wbs, last in groups]
+        self.nsets = len(self.sets)
         self.i = 0
-        r = lambda *shape, dt=torch.bfloat16: torch.randn(*shape, generator=gen).to(dev, dt)  # noqa: E731
-        self.ins = {"x": r(n, H, P), "dt": r(n, H) - 2, "A": -torch.rand(H, generator=gen).to(dev) - 0.5,
+        def r(*shape, dt=torch.bfloat16):
+            return torch.randn(*shape, generator=gen).to(dev, dt)
+        self.ins = {"x": r(n, H, P), "dt": r(n, H) - 2,
+                    "A": -torch.rand(H, generator=gen).to(dev) - 0.5,
                     "B": r(n, G, N), "C": r(n, G, N), "D": r(H, dt=torch.float32),
                     "dt_bias": r(H, dt=torch.float32) * 0.5}
         self.cu = torch.arange(0, n + 1, T, device=dev)
@@ -194,8 +189,8 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
             free(cuda)
     header = {
         "device": torch.cuda.get_device_name() if cuda else "cpu (Triton interpreter)",
-        "torch": torch.__version__, "triton": triton.__version__, "fla": _version("fla-core"),
-        "jax_triton": _version("jax-triton"), "shapes": dict(s),
+        "torch": torch.__version__, "triton": triton.__version__, "fla": dist_version("fla-core"),
+        "jax_triton": dist_version("jax-triton"), "shapes": dict(s),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "ceiling": ceiling,
         "timer": "timing.graph_ms (median device time of a CUDA-graph replay); ours_jax: GPU "
@@ -321,8 +316,8 @@ def section_md(results: Path) -> str:
 Generated from `benchmarks/results/{path.name}` (written by
 `benchmarks/bench_selective_state.py`).
 
-- Shapes: H = {sh['H']} heads, head dim P = {sh['P']}, state size N = {sh['N']}, G = {sh['G']} groups,
-  bf16 x / dt / B / C, fp32 state pool, softplus on dt; S = {sh['S']}.
+- Shapes: H = {sh['H']} heads, head dim P = {sh['P']}, state size N = {sh['N']},
+  G = {sh['G']} groups, bf16 x / dt / B / C, fp32 state pool, softplus on dt; S = {sh['S']}.
 - TB/s counts state bytes only (read once + every state written); ours writes every
   candidate on spec rows, fla the final state only.
 - fla: its scalar-decay linear attention (`fused_recurrent_simple_gla`), the same
@@ -333,13 +328,6 @@ Generated from `benchmarks/results/{path.name}` (written by
 """
 
 
-def _version(dist: str) -> Optional[str]:
-    try:
-        from importlib.metadata import version
-        return version(dist)
-    except Exception:  # noqa: BLE001
-        return None
-
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -347,10 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                     help="default: benchmarks/results (a temporary folder with --small)")
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes")
     args = ap.parse_args(argv)
-    if args.out is None:  # a smoke run never overwrites the recorded GPU results
-        args.out = Path(tempfile.mkdtemp(prefix="bench_ssu_")) if args.small \
-            else HERE / "results"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = results_folder(args.out, args.small, "bench_ssu_")
     data = run(args)
     (args.out / "selective_state_h200.json").write_text(json.dumps(data, indent=1) + "\n")
     (args.out / "selective_state_h200.md").write_text(table(data) + "\n")

@@ -41,7 +41,6 @@ import datetime
 import json
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples"))
 sys.path.insert(0, str(HERE))
-import timing  # noqa: E402,F401  (makes mamba_align importable from a checkout)
+from timing import results_folder  # noqa: E402  (makes mamba_align importable from a checkout)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -232,10 +231,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = ap.parse_args(argv)
     if args.repeats is None:
         args.repeats = 0 if args.small else 7
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="bench_serving_")) if args.small \
-            else HERE / "results"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = results_folder(args.out, args.small, "bench_serving_")
     data = run(args)
     (args.out / "serving_h200.json").write_text(json.dumps(data, indent=1) + "\n")
     (args.out / "serving_h200.md").write_text(table(data) + "\n")

@@ -54,6 +54,29 @@ def check(name: str, got: torch.Tensor, want: np.ndarray, tol: float) -> None:
 
 
 
+def block_groups(B: int, S: int, spec: bool, block_bytes: int, rotate: int,
+                 gen: torch.Generator, dev: torch.device) -> tuple:
+    """``(NB, groups)``: disjoint groups of blocks of a pool of ``NB`` blocks, enough that a
+    group's state is read again only after ``rotate`` bytes of other state; each group
+    ``(read [B], write [B, 1 + S], write[:, 0])``, the write blocks past the first -1 unless
+    ``spec``."""
+    nsets = max(1, math.ceil(rotate / (B * block_bytes)))
+    per = B * (2 + S)
+    nb = 2 + nsets * per
+    ids = (torch.randperm(nb - 1, generator=gen)[: nsets * per] + 1).to(dev)
+    groups = []
+    for i in range(nsets):
+        g = ids[i * per:(i + 1) * per]
+        wbs = g[B:].view(B, 1 + S).clone()
+        if not spec:
+            wbs[:, 1:] = -1
+        # every id array in storage of its own: a view that starts off a 16-byte boundary
+        # (here g[:1] of an odd group) would be copied by the torch launcher first
+        # (backends/torch/ops.py, _align_inputs), a kernel the timing would count
+        groups.append((g[:B].clone(), wbs, wbs[:, 0].clone()))
+    return nb, groups
+
+
 def _of_group(groups: str, k: int) -> property:
     """Item ``k`` of the group of ``groups`` (a list of tuples of block ids) that the
     current call uses (the call count ``i``, cycled)."""
@@ -78,21 +101,8 @@ class Case:
         H, HV, K, V, D, KC, S, L = (s[n] for n in ("H", "HV", "K", "V", "D", "KC", "S", "L"))
         self.conv_S = S if conv_S is None else conv_S
         n = B * T
-        block = HV * V * K * 4
-        self.nsets = max(1, math.ceil(s["rotate"] / (B * block)))
-        per = B * (2 + S)
-        self.nb = 2 + self.nsets * per
-        ids = (torch.randperm(self.nb - 1, generator=gen)[: self.nsets * per] + 1).to(dev)
-        self.sets = []
-        for i in range(self.nsets):
-            g = ids[i * per:(i + 1) * per]
-            wbs = g[B:].view(B, 1 + S).clone()
-            if not spec:
-                wbs[:, 1:] = -1
-            # every id array in storage of its own: a view that starts off a 16-byte
-            # boundary (here g[:1] of an odd group) would be copied by the torch launcher
-            # first (backends/torch/ops.py, _align_inputs), a kernel the timing would count
-            self.sets.append((g[:B].clone(), wbs, wbs[:, 0].clone()))
+        self.nb, self.sets = block_groups(B, S, spec, HV * V * K * 4, s["rotate"], gen, dev)
+        self.nsets = len(self.sets)
         conv_block = D * (KC - 1 + self.conv_S) * 2
         self.cnsets = max(1, math.ceil(s["rotate"] / (B * conv_block)))
         cnb = max(self.nb, 2 + self.cnsets * 2 * B)

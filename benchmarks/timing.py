@@ -21,7 +21,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any, Callable, Dict, Iterator, Tuple  # noqa: E402
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -189,3 +189,24 @@ def constants(sets: Dict[str, int]) -> Iterator[None]:
         for m, attr, old in reversed(targets):
             setattr(m, attr, old)
         _clear_plan_caches()
+
+
+def dist_version(dist: str) -> Optional[str]:
+    """The installed version of distribution ``dist`` (e.g. ``"fla-core"``), or None."""
+    try:
+        from importlib.metadata import version
+        return version(dist)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def results_folder(out: Optional[Path], small: bool, prefix: str) -> Path:
+    """Where a benchmark writes: ``out`` if given, else ``benchmarks/results``, or with
+    ``small`` a new temporary folder (a smoke run never overwrites the recorded GPU
+    results); created."""
+    if out is None:
+        import tempfile
+        out = Path(tempfile.mkdtemp(prefix=prefix)) if small \
+            else Path(__file__).resolve().parent / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    return out

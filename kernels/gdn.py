@@ -20,10 +20,10 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
                    next_pow2, pool_scalars)
-from .rows import (aligned_base, candidate_block, clear_faulty_row, flag_row, recurrent_fault,
-                   recurrent_row)
+from .recurrent import (STATES, candidate_block, clear_faulty_row, head_offset, head_program,
+                        recurrent_fault, recurrent_row, softplus)
+from .rows import aligned_base, flag_row
 
-STATES = ("float32", "bfloat16")
 LAYOUTS = ("VK", "KV")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
@@ -38,17 +38,6 @@ STREAM_BELOW = 16
 #: state's loads issue first, which helps one row and costs four (benchmarks/README.md,
 #: "The state ahead of the first token's inputs"); no arithmetic changes
 STATE_FIRST_BELOW = 2
-
-
-@triton.jit
-def softplus(x):
-    """``log(1 + exp(x))``, and ``x`` itself above 20 (fp32). ``log(1 + e)`` is taken as
-    ``log(u) * e / (u - 1)`` for ``u = 1 + e`` (``e`` where ``u`` rounds to 1): a plain
-    ``log(u)`` keeps only ``u``'s rounding of ``e``, relative error 1e-4 at ``x = -7`` and
-    0.2 at ``x = -14``, where gate biases are initialised; this keeps ``exp``'s."""
-    e = tl.exp(tl.minimum(x, 20.0))
-    u = 1.0 + e
-    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
 
 
 @triton.jit
@@ -112,13 +101,7 @@ def _gdn(
     HV: tl.constexpr,
     GROUP: tl.constexpr,  # HV // H
 ):
-    # the head counts are constants: the program id splits without runtime divisions
-    # (shifts for powers of two), which held the first loads back
-    num_tiles: tl.constexpr = (V + BV - 1) // BV
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // (HV * num_tiles)
-    i_hv = (pid // num_tiles) % HV
-    i_v = pid % num_tiles
+    row, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
     i_h = i_hv // GROUP
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
                                                 write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
@@ -132,11 +115,7 @@ def _gdn(
         h_offs = kk[None, :] * V + vv[:, None]
     else:  # [V, K]
         h_offs = vv[:, None] * K + kk[None, :]
-    if ALIGN > 1:  # see same_binary_jit: the plan, not the launcher, states the alignment
-        block_stride = tl.multiple_of(block_stride, ALIGN)
-        head = tl.multiple_of(layer_offset + i_hv * tl.multiple_of(head_stride, ALIGN), ALIGN)
-    else:
-        head = layer_offset + i_hv * head_stride
+    head, block_stride = head_offset(layer_offset, i_hv, head_stride, block_stride, ALIGN)
     # The state is loaded before the row's checks are known, so the checks add no round
     # trip: every address is in bounds whatever the ids (the masks), and nothing is stored
     # unless the row is clean. So are the first token's inputs, except under STATE_FIRST:

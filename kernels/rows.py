@@ -151,53 +151,6 @@ def range_fault(t0, t1, num_tokens):
 
 
 @triton.jit
-def recurrent_row(row, cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, wb_stride,
-                  WIN: tl.constexpr, WIN_PAD: tl.constexpr):
-    """A recurrence's row (docs/semantics.md §4): its tokens ``[t0, t1)`` and their count
-    ``n``, its read block ``rb``, whether it is a spec row, and the write blocks it uses
-    (``wb``, ``[WIN_PAD]`` int64 at window columns ``jw``: the first ``n`` on a spec row,
-    the first otherwise; -1 elsewhere, so unused columns are never checked)."""
-    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
-    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
-    n = t1 - t0
-    rb = tl.load(read_block_ptr + row).to(tl.int64)
-    spec = tl.load(is_spec_ptr + row) != 0
-    jw = tl.arange(0, WIN_PAD)
-    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=jw < WIN, other=-1).to(tl.int64)
-    wb = tl.where(jw < tl.where(spec, n, 1), wb, -1)  # the blocks the row writes
-    return t0, t1, n, rb, spec, jw, wb
-
-
-@triton.jit
-def recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN: tl.constexpr):
-    """The fault bits of a recurrence's row (:func:`recurrent_row`): its own ``cu_seqlens``
-    entries, a read or used write block outside ``[-1, NB)``, a spec row longer than its
-    window of ``WIN`` write blocks."""
-    fault = range_fault(t0, t1, num_tokens)
-    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
-    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
-    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
-    return fault
-
-
-@triton.jit
-def clear_faulty_row(out_ptr, t0, t1, token_stride, fault, mask, BLOCK: tl.constexpr):
-    """A faulty row's outputs are zero: ``BLOCK`` elements at ``out_ptr + t * token_stride``
-    for each of its tokens, unless its tokens are unknown (``BAD_CU_SEQLENS``)."""
-    if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):
-        for t in range(t0, t1):
-            tl.store(out_ptr + t * token_stride, tl.zeros((BLOCK,), out_ptr.dtype.element_ty),
-                     mask=mask)
-
-
-@triton.jit
-def candidate_block(jw, wb, spec, j):
-    """The write block of token ``j``'s state (:func:`recurrent_row`'s ``wb``): candidate
-    ``j`` on a spec row, write block 0 otherwise (stored only after the last token)."""
-    return tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
-
-
-@triton.jit
 def aligned_base(offset, index, stride, ALIGN: tl.constexpr):
     """``offset + index * stride``, stated to be a multiple of ``ALIGN``. The compiler does
     not carry the alignment through a product with a loaded id or a runtime stride, and

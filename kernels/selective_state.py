@@ -18,13 +18,13 @@ import triton
 import triton.language as tl
 
 from .bookkeeping import check_errors
-from .gdn import STATES, softplus
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
                    next_pow2, pool_scalars)
-from .rows import (aligned_base, candidate_block, clear_faulty_row, flag_row, recurrent_fault,
-                   recurrent_row)
+from .recurrent import (STATES, candidate_block, clear_faulty_row, head_offset, head_program,
+                        recurrent_fault, recurrent_row, softplus)
+from .rows import aligned_base, flag_row
 
 #: head-dim rows per program, one warp: the gated delta rule's tile (an ``[8, 128]`` fp32
 #: state slice per warp, measured there: benchmarks/README.md); not yet measured here
@@ -89,11 +89,7 @@ def selective_state_update_kernel(
     H: tl.constexpr,
     GROUP: tl.constexpr,  # H // G
 ):
-    num_tiles: tl.constexpr = (P + BP - 1) // BP
-    pid = tl.program_id(0).to(tl.int64)
-    row = pid // (H * num_tiles)
-    i_h = (pid // num_tiles) % H
-    i_p = pid % num_tiles
+    row, i_h, i_p = head_program(H, (P + BP - 1) // BP)
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
                                                 write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
                                                 WIN_PAD)
@@ -102,11 +98,7 @@ def selective_state_update_kernel(
     nmask, pmask = nn < N, pp < P
     smask = pmask[:, None] & nmask[None, :]
     s_offs = pp[:, None] * N + nn[None, :]  # the state of one head: [P, N]
-    if ALIGN > 1:  # see same_binary_jit: the plan, not the launcher, states the alignment
-        block_stride = tl.multiple_of(block_stride, ALIGN)
-        head = tl.multiple_of(layer_offset + i_h * tl.multiple_of(head_stride, ALIGN), ALIGN)
-    else:
-        head = layer_offset + i_h * head_stride
+    head, block_stride = head_offset(layer_offset, i_h, head_stride, block_stride, ALIGN)
     # loaded before the row's checks are known (every address in bounds whatever the ids;
     # nothing is stored unless the row is clean), so the checks add no round trip
     s = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + s_offs,

@@ -31,7 +31,6 @@ from mamba_align.core import (
     resolve_blocks,
 )
 from mamba_align.core.conv1d_ref import causal_conv1d_update_ref
-from mamba_align.core.faults import NO_ROW
 from mamba_align.core import dense_ref
 from mamba_align.core.gdn_ref import gated_delta_rule_ref
 from mamba_align.core.selective_state_ref import selective_state_update_ref
@@ -409,62 +408,6 @@ def settled(state: SlotState) -> SlotState:
 def blocks_of(bt, num_blocks=None) -> int:
     """``num_blocks`` for a step on ``bt``: as given, else one past its largest id."""
     return int(num_blocks) if num_blocks is not None else int(max(np.max(bt, initial=0), 0)) + 1
-
-
-# bad cu_seqlens entries in a batch of 40 one-token rows (cu = 0, 1, ..., 40, T_total =
-# 40), each as (entries changed, the rows that read a bad pair, worked out by hand): a row
-# reads only its own two entries (docs/semantics.md §4)
-SEQLENS_CASES = [
-    ({}, []),
-    ({4: 2}, [3]),  # row 3 runs backwards; row 4 then covers tokens 2-4 (row 2's too)
-    ({16: 14}, [15]),
-    ({17: 15}, [16]),
-    ({40: 38}, [39]),  # the last row
-    ({40: 41}, [39]),  # the last entry past T_total
-    ({0: -1}, [0]),  # the first entry below 0
-    ({0: -1, 1: 0}, [0]),  # a one-token row from -1 (row 1 then covers tokens 0-1)
-    ({39: 40, 40: 41}, [39]),  # a one-token row from T_total (row 38 covers 38-39)
-    ({10: 50, 11: 50}, [9, 10, 11]),  # rows 9 and 10 end past T_total, row 11 runs back
-]
-
-
-def seqlens_case(n: int, changed: Dict[int, int]) -> np.ndarray:
-    """``cu_seqlens`` of ``n`` one-token rows with the entries ``changed``."""
-    cu = np.arange(n + 1)
-    for i, value in changed.items():
-        cu[i] = value
-    return cu
-
-
-def check_seqlens_launch(cu, bad, bits: int, pool, wb, got, ref, state_tol: float,
-                         out_tol: float) -> np.ndarray:
-    """What a recurrence's launch on one-token rows with bad ``cu_seqlens`` entries must
-    give (``got``, against the reference's ``ref``: ``(outputs, pool, errors)``; ``wb``
-    each row's write block in layer 1): the flag ``[bits, lowest bad row]``, the bad rows'
-    blocks untouched, every good row's block written and the pool as the reference's
-    (within ``state_tol``; 0: bit for bit), the outputs on the tokens one good row covers
-    (within ``out_tol``). Returns which rows are good."""
-    (y, out, err), (ry, rout, rerr) = got, ref
-    n = len(cu) - 1
-    assert err.tolist() == ([bits, bad[0]] if bad else [0, NO_ROW])
-    assert err.tolist() == rerr.tolist()
-    # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
-    np.testing.assert_allclose(out, rout, rtol=state_tol, atol=state_tol)
-    np.testing.assert_array_equal(out[1, wb[bad]], pool[1, wb[bad]])
-    good = np.isin(np.arange(n), bad, invert=True)
-    assert (out[1, wb[good]] != pool[1, wb[good]]).reshape(good.sum(), -1).any(axis=1).all()
-    sole = sole_tokens(cu, good, n)
-    np.testing.assert_allclose(y[sole], ry[sole], rtol=out_tol, atol=out_tol)
-    return good
-
-
-def sole_tokens(cu, good, num_tokens: int) -> np.ndarray:
-    """The tokens exactly one ``good`` row covers (bool ``[num_tokens]``): elsewhere a
-    launch's output is unwritten or unspecified (two good rows share it)."""
-    count = np.zeros(num_tokens, np.int64)
-    for r in np.flatnonzero(good):
-        count[max(cu[r], 0):min(cu[r + 1], num_tokens)] += 1
-    return count == 1
 
 
 def make_backend(name: str, **kw) -> Backend:

@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import torch  # noqa: E402
 from hybrid_model import GPU, TINY, init_weights  # noqa: E402
+from e2e_checks import check_cached_blocks, check_jax_serves_torchs_bits  # noqa: E402
 from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -84,19 +85,9 @@ def test_the_workload_hits_the_cache_and_drafts_vary(served, plain):
 def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, served, mode):
     # each block recorded in the prefix cache, as it was then, against the request's first
     # n tokens run alone from an empty state: the recurrent state and the conv history
-    from hybrid_torch import single_row, to_numpy
     served = served(mode=mode)
     assert len(served.cached) >= 4
-    workload, outputs, _ = plain
-    K = MODEL.conv_kernel
-    for rid, n, got in served.cached:
-        tokens = (list(workload.requests[rid][1]) + list(outputs[rid]))[:n]
-        alone = single_row(torch_model, S)
-        alone(tokens, -1, 1)
-        want = {name: to_numpy(p[:, 1]) for name, p in alone.pools.items()}
-        np.testing.assert_array_equal(got["ssm"], want["ssm"], err_msg=f"{rid} at {n}")
-        np.testing.assert_array_equal(got["conv"][..., :K - 1], want["conv"][..., :K - 1],
-                                      err_msg=f"{rid} at {n}")
+    check_cached_blocks(torch_model, plain, served.cached, S)
 
 
 def test_preemption_keeps_the_bits(torch_model, plain):
@@ -126,15 +117,7 @@ def test_copy_free_equals_pre_copy_bit_for_bit(served):
 
 
 def test_torch_equals_jax_bit_for_bit(served, plain):
-    from hybrid_jax import load_weights, new_pools, serving_step
-
-    from mamba_align.backends import jax as mj
-    want = served()
-    step = serving_step(MODEL, load_weights(MODEL, WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
-    got = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
-    assert mj.errors(step.carry["state"]) == []
-    assert got.logits.keys() == want.logits.keys()
-    assert compare(got.logits, want.logits) == (len(want.logits), 0)
+    check_jax_serves_torchs_bits(MODEL, WEIGHTS, CACHE, NB, SLOTS, plain, served())
 
 
 @pytest.mark.parametrize("mode", ["pre-copy", pytest.param("copy-free", marks=pytest.mark.skipif(

@@ -9,12 +9,12 @@ boundary."""
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import torch  # noqa: E402
 from hybrid_model import TINY_MAMBA2, init_weights  # noqa: E402
+from e2e_checks import check_cached_blocks, check_jax_serves_torchs_bits  # noqa: E402
 from hybrid_serving import compare, multi_turn_workload, serve  # noqa: E402
 
 MODEL = TINY_MAMBA2
@@ -72,28 +72,10 @@ def test_copy_free_equals_pre_copy_bit_for_bit(served):
 
 
 def test_every_cached_block_holds_the_state_at_its_boundary(torch_model, plain, served):
-    from hybrid_torch import single_row, to_numpy
     on = served()
     assert len(on.cached) >= 4
-    workload, outputs, _ = plain
-    K = MODEL.conv_kernel
-    for rid, n, got in on.cached:
-        tokens = (list(workload.requests[rid][1]) + list(outputs[rid]))[:n]
-        alone = single_row(torch_model, S)
-        alone(tokens, -1, 1)
-        want = {name: to_numpy(p[:, 1]) for name, p in alone.pools.items()}
-        np.testing.assert_array_equal(got["ssm"], want["ssm"], err_msg=f"{rid} at {n}")
-        np.testing.assert_array_equal(got["conv"][..., :K - 1], want["conv"][..., :K - 1],
-                                      err_msg=f"{rid} at {n}")
+    check_cached_blocks(torch_model, plain, on.cached, S)
 
 
 def test_torch_equals_jax_bit_for_bit(served, plain):
-    from hybrid_jax import load_weights, new_pools, serving_step
-
-    from mamba_align.backends import jax as mj
-    want = served()
-    step = serving_step(MODEL, load_weights(MODEL, WEIGHTS), CACHE, new_pools(CACHE, NB), SLOTS)
-    got = serve(MODEL, plain[0], plain[1], step, block_size=B, num_spec=S, num_blocks=NB)
-    assert mj.errors(step.carry["state"]) == []
-    assert got.logits.keys() == want.logits.keys()
-    assert compare(got.logits, want.logits) == (len(want.logits), 0)
+    check_jax_serves_torchs_bits(MODEL, WEIGHTS, CACHE, NB, SLOTS, plain, served())

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
-from support import SEQLENS_CASES, check_seqlens_launch, make_backend, seqlens_case
+from seqlens_cases import SEQLENS_CASES, check_seqlens_launch, seqlens_case
+from support import make_backend
 
 from mamba_align.core import Fault, new_errors
 from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
-from mamba_align.kernels.gdn import STREAM_BELOW, softplus
+from mamba_align.kernels.gdn import STREAM_BELOW
+from mamba_align.kernels.recurrent import softplus
 
 L, NB, S = 2, 12, 2
 SENTINEL = -7.25

@@ -37,21 +37,6 @@ def gdn_row(pool, rb, wbs, T=3, seed=0):
     return o
 
 
-def test_gdn_pool_beyond_2_31_elements():
-    # [1, 4200, 32, 128, 128] fp32: 2.2e9 elements; the row reads and writes the last blocks
-    NB = 4200
-    big = torch.zeros((1, NB, 32, 128, 128), device=DEV)
-    assert big.numel() > 2**31
-    small = torch.zeros((1, 5, 32, 128, 128), device=DEV)
-    init = torch.randn(32, 128, 128, device=DEV)
-    big[0, NB - 1], small[0, 1] = init, init
-    o_big = gdn_row(big, NB - 1, [NB - 4, NB - 3, NB - 2])
-    o_small = gdn_row(small, 1, [2, 3, 4])
-    assert torch.equal(o_big, o_small)  # the same row, wherever its blocks are
-    assert torch.equal(big[0, NB - 4:NB - 1], small[0, 2:5])
-    assert torch.equal(big[0, NB - 1], init) and not big[0, :NB - 4].any()
-
-
 def ssu_row(pool, rb, wbs, T=3, seed=0):
     """One spec row of ``T`` tokens on ``pool`` (``[L, NB, H, 64, 128]``, 4 groups)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
@@ -70,17 +55,20 @@ def ssu_row(pool, rb, wbs, T=3, seed=0):
     return y
 
 
-def test_selective_state_pool_beyond_2_31_elements():
-    # [1, 8200, 32, 64, 128] fp32: 2.15e9 elements; the row reads and writes the last blocks
-    NB = 8200
-    big = torch.zeros((1, NB, 32, 64, 128), device=DEV)
+@pytest.mark.parametrize("op", ["gdn", "ssu"])
+def test_temporal_pool_beyond_2_31_elements(op):
+    # gdn: [1, 4200, 32, 128, 128] fp32, 2.2e9 elements; ssu: [1, 8200, 32, 64, 128] fp32,
+    # 2.15e9 elements; the row reads and writes the last blocks
+    NB, block, row = (4200, (32, 128, 128), gdn_row) if op == "gdn" else \
+        (8200, (32, 64, 128), ssu_row)
+    big = torch.zeros((1, NB) + block, device=DEV)
     assert big.numel() > 2**31
-    small = torch.zeros((1, 5, 32, 64, 128), device=DEV)
-    init = torch.randn(32, 64, 128, device=DEV)
+    small = torch.zeros((1, 5) + block, device=DEV)
+    init = torch.randn(block, device=DEV)
     big[0, NB - 1], small[0, 1] = init, init
-    y_big = ssu_row(big, NB - 1, [NB - 4, NB - 3, NB - 2])
-    y_small = ssu_row(small, 1, [2, 3, 4])
-    assert torch.equal(y_big, y_small)  # the same row, wherever its blocks are
+    out_big = row(big, NB - 1, [NB - 4, NB - 3, NB - 2])
+    out_small = row(small, 1, [2, 3, 4])
+    assert torch.equal(out_big, out_small)  # the same row, wherever its blocks are
     assert torch.equal(big[0, NB - 4:NB - 1], small[0, 2:5])
     assert torch.equal(big[0, NB - 1], init) and not big[0, :NB - 4].any()
 

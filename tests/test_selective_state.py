@@ -6,8 +6,8 @@ same kernel: bit-identical."""
 import ml_dtypes
 import numpy as np
 import pytest
-from support import (SEQLENS_CASES, SSU_INPUTS, check_seqlens_launch, make_backend,
-                     seqlens_case)
+from seqlens_cases import SEQLENS_CASES, check_seqlens_launch, seqlens_case
+from support import SSU_INPUTS, make_backend
 
 from mamba_align.core import Fault, new_errors
 

@@ -1,0 +1,94 @@
+"""What the recurrent kernels (the gated delta rule, Mamba2's selective state update) share:
+one program per (row, head, tile of state rows) on grid axis 0, a row's tokens and blocks
+(docs/semantics.md §4), its fault bits, the zeroing of a faulty row's outputs, the state's
+head offset, the block each candidate goes to, and the gates' softplus.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, range_fault
+
+STATES = ("float32", "bfloat16")  # the state pools' dtypes
+
+
+@triton.jit
+def head_program(HEADS: tl.constexpr, TILES: tl.constexpr):
+    """This program's ``(row, head, tile)``. The counts are constants: the program id
+    splits without runtime divisions (shifts for powers of two), which held the first
+    loads back."""
+    pid = tl.program_id(0).to(tl.int64)
+    return pid // (HEADS * TILES), (pid // TILES) % HEADS, pid % TILES
+
+
+@triton.jit
+def head_offset(layer_offset, head, head_stride, block_stride, ALIGN: tl.constexpr):
+    """``(offset of the state of head ``head`` in a layer's block 0, block stride)``, both
+    stated multiples of ``ALIGN`` (see same_binary_jit: the plan, not the launcher, states
+    the alignment)."""
+    if ALIGN > 1:
+        block_stride = tl.multiple_of(block_stride, ALIGN)
+        offset = tl.multiple_of(layer_offset + head * tl.multiple_of(head_stride, ALIGN), ALIGN)
+    else:
+        offset = layer_offset + head * head_stride
+    return offset, block_stride
+
+
+@triton.jit
+def recurrent_row(row, cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, wb_stride,
+                  WIN: tl.constexpr, WIN_PAD: tl.constexpr):
+    """A recurrence's row (docs/semantics.md §4): its tokens ``[t0, t1)`` and their count
+    ``n``, its read block ``rb``, whether it is a spec row, and the write blocks it uses
+    (``wb``, ``[WIN_PAD]`` int64 at window columns ``jw``: the first ``n`` on a spec row,
+    the first otherwise; -1 elsewhere, so unused columns are never checked)."""
+    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
+    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
+    n = t1 - t0
+    rb = tl.load(read_block_ptr + row).to(tl.int64)
+    spec = tl.load(is_spec_ptr + row) != 0
+    jw = tl.arange(0, WIN_PAD)
+    wb = tl.load(write_blocks_ptr + row * wb_stride + jw, mask=jw < WIN, other=-1).to(tl.int64)
+    wb = tl.where(jw < tl.where(spec, n, 1), wb, -1)  # the blocks the row writes
+    return t0, t1, n, rb, spec, jw, wb
+
+
+@triton.jit
+def recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN: tl.constexpr):
+    """The fault bits of a recurrence's row (:func:`recurrent_row`): its own ``cu_seqlens``
+    entries, a read or used write block outside ``[-1, NB)``, a spec row longer than its
+    window of ``WIN`` write blocks."""
+    fault = range_fault(t0, t1, num_tokens)
+    bad_w = tl.max(((wb < -1) | (wb >= num_blocks)).to(tl.int32), axis=0) > 0
+    fault |= tl.where((rb < -1) | (rb >= num_blocks) | bad_w, BAD_BLOCK, 0)
+    fault |= tl.where(spec & (n > WIN), BAD_QUERY_LEN, 0)
+    return fault
+
+
+@triton.jit
+def clear_faulty_row(out_ptr, t0, t1, token_stride, fault, mask, BLOCK: tl.constexpr):
+    """A faulty row's outputs are zero: ``BLOCK`` elements at ``out_ptr + t * token_stride``
+    for each of its tokens, unless its tokens are unknown (``BAD_CU_SEQLENS``)."""
+    if (fault != 0) & ((fault & BAD_CU_SEQLENS) == 0):
+        for t in range(t0, t1):
+            tl.store(out_ptr + t * token_stride, tl.zeros((BLOCK,), out_ptr.dtype.element_ty),
+                     mask=mask)
+
+
+@triton.jit
+def candidate_block(jw, wb, spec, j):
+    """The write block of token ``j``'s state (:func:`recurrent_row`'s ``wb``): candidate
+    ``j`` on a spec row, write block 0 otherwise (stored only after the last token)."""
+    return tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
+
+
+@triton.jit
+def softplus(x):
+    """``log(1 + exp(x))``, and ``x`` itself above 20 (fp32). ``log(1 + e)`` is taken as
+    ``log(u) * e / (u - 1)`` for ``u = 1 + e`` (``e`` where ``u`` rounds to 1): a plain
+    ``log(u)`` keeps only ``u``'s rounding of ``e``, relative error 1e-4 at ``x = -7`` and
+    0.2 at ``x = -14``, where gate biases are initialised; this keeps ``exp``'s."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    return tl.where(x > 20.0, x, tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0))))
