@@ -5,7 +5,7 @@ storage."""
 
 import pytest
 import torch
-from backend_args import DEV
+from backend_args import DEV, Args
 
 from mamba_align.backends.torch import ops as tops
 
