@@ -56,7 +56,7 @@ gpu-setup:
 # the suite in three parts, each of which fits one 600 s device call (gpu-test: all three);
 # the junit XML names every test that ran
 GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py tests/test_gdn.py \
-	tests/test_conv1d.py tests/test_recurrent_gpu.py tests/test_codegen.py
+	tests/test_conv1d.py tests/test_conv1d_words.py tests/test_recurrent_gpu.py tests/test_codegen.py
 GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
 	tests/test_bench_serving.py tests/test_bench_recurrent.py tests/test_scenarios.py
 GPU_TEST := EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
@@ -86,7 +86,8 @@ SANITIZE_ENV := PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=pla
 SANITIZER ?= $(shell command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 SANITIZE_TESTS := tests/test_copy.py tests/test_bookkeeping.py tests/test_resolve.py \
 	tests/test_faults.py tests/test_fault_runners.py tests/test_fuzz.py tests/test_conv1d.py \
-	tests/test_gdn.py tests/test_selective_state.py tests/test_copy_free_sequence.py
+	tests/test_conv1d_words.py tests/test_gdn.py tests/test_selective_state.py \
+	tests/test_copy_free_sequence.py
 # in two parts, each sized for one 600 s device call (sanitize: both; the timings:
 # benchmarks/README.md, "compute-sanitizer")
 sanitize: sanitize-memcheck sanitize-racecheck

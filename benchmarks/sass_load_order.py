@@ -19,7 +19,7 @@ rows of ``--tokens`` tokens each.
 Usage::
 
     python benchmarks/sass_load_order.py [--rows 64] [--window 4] [--cap 80]
-    python benchmarks/sass_load_order.py --conv SD [--rows 64] [--tokens 1]
+    python benchmarks/sass_load_order.py --conv SD [--rows 64] [--tokens 1] [--width 6]
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ def load_depths(code: str) -> List[Tuple[int, int, str]]:
     return loads
 
 
-def conv_ptx(layout: str, rows: int, tokens: int) -> str:
+def conv_ptx(layout: str, rows: int, tokens: int, width: int = 6) -> str:
     spec = K.ArraySpec.row_major
     ids, bf = spec((rows,), "int64"), "bfloat16"
-    block = (6, 8192) if layout == "SD" else (8192, 6)
+    block = (width, 8192) if layout == "SD" else (8192, width)
     plan = K.plan_conv1d_update(spec((2, 9) + block, bf), spec((2,), "int32"),
                                 spec((rows * tokens, 8192), bf), spec((8192, 4), bf),
                                 spec((8192,), bf), spec((rows + 1,), "int64"), ids, ids, ids,
@@ -112,9 +112,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                     help="gated delta rule: register cap (default: the kernel's)")
     ap.add_argument("--conv", choices=("SD", "DS"), help="the conv update instead")
     ap.add_argument("--tokens", type=int, default=1, help="conv: tokens per row")
+    ap.add_argument("--width", type=int, default=6, help="conv: the window's W")
     args = ap.parse_args(argv)
     if args.conv:
-        code = conv_ptx(args.conv, args.rows, args.tokens)
+        code = conv_ptx(args.conv, args.rows, args.tokens, args.width)
     else:
         cap = K.gdn.REGISTER_CAP if args.cap is None else args.cap
         code = ptx(gdn_plan(args.rows, args.window), cap)

@@ -5,7 +5,8 @@ One program per (row, channel tile), both on grid axis 0. A row of one token (a 
 row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
 stores the new window from registers (``_one_token``, kernels/conv1d_one_token.py; in a
 decode batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked
-off on other rows). Any
+off on other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte
+words: kernels/conv1d_ds_words.py). Any
 other row (``_tiled_rows``) first loads its new window (from its read block at its read
 offset and from ``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T``
 tokens, and only then, after a barrier, stores the window to the write block (which may
@@ -27,6 +28,7 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, dtype_bits, io_align,
                    next_pow2, pool_scalars)
+from .conv1d_ds_words import _one_token_words
 from .conv1d_one_token import _one_token
 from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned_base,
                    flag_row, range_fault)
@@ -34,6 +36,7 @@ from .rows import (BAD_BLOCK, BAD_CU_SEQLENS, BAD_OFFSET, BAD_QUERY_LEN, aligned
 MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
 DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
+DECODE_TILE_DS_WORDS = 512  # ... in a decode batch whose DS windows move as words
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 #: below this many rows the program is laid out for latency: its tile count is a constant
 #: (the program id splits without a runtime division), a row posts its fault after its
@@ -105,6 +108,7 @@ def conv1d_update_kernel(
     W_PACKED: tl.constexpr,  # weight: four 2-byte taps in rows of 4 (aligned 8-byte words)
     LATENCY: tl.constexpr,  # a small batch (LATENCY_BELOW)
     UNBRANCHED: tl.constexpr,  # a small decode batch, K <= 4 (see _one_token)
+    DS_WORDS: tl.constexpr,  # a one-token row's window moves as words (conv1d_ds_words.py)
 ):
     pid = tl.program_id(0).to(tl.int64)
     if LATENCY:
@@ -138,22 +142,22 @@ def conv1d_update_kernel(
                     wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
                     LAYOUT_DS, SILU)
     elif UNBRANCHED:  # a one-token row's work in every program, then the other rows'
-        _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
-                   num_tokens, x_stride, w_stride, fault, n == 1,
-                   aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
-                   (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
-                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED, UNBRANCHED)
+        _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
+                       t0, num_tokens, x_stride, w_stride, fault, n == 1,
+                       aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0, tile, K,
+                       WIDTH, DIM, X_ALIGN, TILE_D, LAYOUT_DS, SILU, W_PACKED, DS_WORDS,
+                       UNBRANCHED)
         if n != 1:
             _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                         t0, n, spec, num_tokens, layer_offset, block_stride, x_stride,
                         w_stride, fault, wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD,
                         TILE_D, BLOCK_T, LAYOUT_DS, SILU)
     elif n == 1:  # one token (a decode row): each input loaded once
-        _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
-                   num_tokens, x_stride, w_stride, fault, True,
-                   aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0,
-                   (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D), K, WIDTH, DIM,
-                   X_ALIGN, LAYOUT_DS, SILU, W_PACKED, UNBRANCHED)
+        _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
+                       t0, num_tokens, x_stride, w_stride, fault, True,
+                       aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0, tile, K,
+                       WIDTH, DIM, X_ALIGN, TILE_D, LAYOUT_DS, SILU, W_PACKED, DS_WORDS,
+                       UNBRANCHED)
     else:
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
@@ -161,6 +165,26 @@ def conv1d_update_kernel(
                     LAYOUT_DS, SILU)
     if (tile == 0) & LATENCY:  # last: its atomics would hold the loads above back
         flag_row(errors_ptr, row, fault)
+
+
+@triton.jit
+def _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+                   num_tokens, x_stride, w_stride, fault, one, wbase, writes, tile,
+                   K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                   X_ALIGN: tl.constexpr, TILE_D: tl.constexpr, LAYOUT_DS: tl.constexpr,
+                   SILU: tl.constexpr, W_PACKED: tl.constexpr, DS_WORDS: tl.constexpr,
+                   UNBRANCHED: tl.constexpr):
+    """A one-token row's work on channel tile ``tile``: as words where ``DS_WORDS``."""
+    first = (tile * TILE_D).to(tl.int32)
+    if DS_WORDS:
+        _one_token_words(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, has_hist, t0,
+                         num_tokens, x_stride, fault, one, wbase, writes, first, TILE_D, DIM,
+                         X_ALIGN, SILU, UNBRANCHED)
+    else:
+        _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+                   num_tokens, x_stride, w_stride, fault, one, wbase, writes,
+                   first + tl.arange(0, TILE_D), K, WIDTH, DIM, X_ALIGN, LAYOUT_DS, SILU,
+                   W_PACKED, UNBRANCHED)
 
 
 @triton.jit
@@ -218,7 +242,7 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
 
 
 def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
-              packed_taps: bool = False) -> int:
+              packed_taps: bool = False, words: bool = False) -> int:
     """Channels per program (``NUM_WARPS`` warps) from what the batch needs
     (benchmarks/README.md, "Conv tiles" and "Packed taps"): from :data:`SMALL_BATCH` rows
     on, :data:`MAX_TILE_D`, or :data:`DECODE_TILE_SD` for an SD decode batch (at most one
@@ -227,16 +251,30 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     half of ``MAX_TILE_D`` in a smaller batch (lower latency where the GPU is not full)
     and in a DS decode batch (a one-token row's window is three strided 2-byte reads and
     three writes per channel there, and more, shorter programs keep more of them in
-    flight). Every output is its own sum of the taps in order, so the tile changes no
-    bits."""
+    flight); :data:`DECODE_TILE_DS_WORDS` in a decode batch whose DS windows move as words
+    (``words``, :func:`ds_words`: four channels a lane). Every output is its own sum of
+    the taps in order, so the tile changes no bits."""
     decode = num_tokens <= num_rows
-    if num_rows < SMALL_BATCH or (decode and layout == "DS"):
+    if words and decode:
+        cap = DECODE_TILE_DS_WORDS
+    elif num_rows < SMALL_BATCH or (decode and layout == "DS"):
         cap = max(16, MAX_TILE_D // 2)
     elif decode and packed_taps:
         cap = DECODE_TILE_SD
     else:
         cap = MAX_TILE_D
     return min(cap, next_pow2(max(dim, 16)))
+
+
+def ds_words(layout: str, ksize: int, width: int, dim: int, packed_taps: bool,
+             pool: ArraySpec, x: ArraySpec, x_align: int, align: int) -> bool:
+    """Whether a one-token row's window moves as 8-byte words
+    (kernels/conv1d_ds_words.py): a DS pool of ``K - 1 = 3`` columns of a 2-byte dtype,
+    ``K = 4`` packed taps, four channels a word group (``dim % 4 == 0``), and blocks and
+    rows of ``x`` on 8-byte boundaries (``align`` and ``x_align`` elements)."""
+    return (layout == "DS" and ksize == 4 and width == 3 and packed_taps
+            and dtype_bits(pool.dtype) == 16 and dim % 4 == 0 and align % 4 == 0
+            and x_align * dtype_bits(x.dtype) % 64 == 0)
 
 
 def token_tile(num_tokens: int, num_rows: int) -> int:
@@ -284,7 +322,11 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
     # four 2-byte taps a channel in rows of 4 (any row stride for one channel): one word
     packed = (ksize == 4 and dtype_bits(weight.dtype) == 16
               and (weight.strides[0] == 4 or dim == 1))
-    tile = conv_tile(dim, rows, x.shape[0], layout, packed and dtype_bits(pool.dtype) == 16)
+    x_align = io_align(x, x.strides[:1])
+    words = ds_words(layout, ksize, width, dim, packed, pool, x, x_align,
+                     pool_align(scal, layout))
+    tile = conv_tile(dim, rows, x.shape[0], layout, packed and dtype_bits(pool.dtype) == 16,
+                     words)
     tiles = cdiv(dim, tile)
     return LaunchPlan(
         kernel=conv1d_update_kernel,
@@ -298,7 +340,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         outputs=("y", "pool", "errors"),
         out_specs={"y": Output(x.shape, x.dtype)},
         constexprs={"K": ksize, "WIDTH": width, "DIM": dim,
-                    "ALIGN": pool_align(scal, layout), "X_ALIGN": io_align(x, x.strides[:1]),
+                    "ALIGN": pool_align(scal, layout), "X_ALIGN": x_align,
                     "W_PAD": next_pow2(width), "TILE_D": tile,
                     "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
@@ -306,7 +348,8 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     # in a spec batch the one-token work's loads would delay a longer row's
                     # (benchmarks/README.md, "The window ahead of the row's checks")
                     "UNBRANCHED": (ksize <= 4 and rows < LATENCY_BELOW
-                                   and x.shape[0] <= rows)},
+                                   and x.shape[0] <= rows),
+                    "DS_WORDS": words},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -256,15 +256,20 @@ def test_a_one_row_launch_issues_the_state_before_the_first_tokens_inputs():
     assert all(i in state for i, (d, _) in enumerate(loads[:state[-1] + 1]) if d > 0), loads
 
 
-@pytest.mark.parametrize("layout,rows", [("SD", "1"), ("SD", "16"), ("DS", "1")])
-def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows):
+@pytest.mark.parametrize("layout,rows,width", [("SD", "1", "6"), ("SD", "16", "6"),
+                                               ("DS", "1", "6"), ("DS", "1", "3")])
+def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows, width):
     # below LATENCY_BELOW rows a one-token row's window, token and taps load with no branch
     # ahead of them, one round trip after the ids: the branch to the one-token path had
     # kept them about 100 instructions behind the ids' arrival (benchmarks/README.md, "The
-    # window ahead of the row's checks")
-    lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1")
+    # window ahead of the row's checks"); a DS window of 3 columns loads as words
+    lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1", "--width", width)
     window = [i for i, (_, text) in enumerate(lines) if "LDG.E.EF" in text]
-    assert len(window) == 3, lines  # K - 1 = 3 history rows
+    # K - 1 = 3 history rows, or a group's three words
+    assert len(window) == 3, lines
+    opcodes = [next(t for t in lines[i][1].split() if t.startswith("LDG")) for i in window]
+    if layout == "DS":  # 2-byte fields, or words
+        assert (width == "3") == all(op.endswith(".64") for op in opcodes), opcodes
     control = ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")
     assert not any(c in text for _, text in lines[:window[-1]] for c in control), lines
     assert max(d for d, text in lines if "LDG" in text) == 1, lines
