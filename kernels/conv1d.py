@@ -37,6 +37,9 @@ MAX_BLOCK_T = 16  # tokens per tile at most
 MAX_TILE_D = 256  # channels per program from SMALL_BATCH rows (see conv_tile)
 DECODE_TILE_SD = 512  # ... in an SD decode batch with packed taps, 2-byte window
 DECODE_TILE_DS_WORDS = 512  # ... in a decode batch whose DS windows move as words
+#: channels per pass of the tiled path where the windows move as words: its 512-channel
+#: DS pass held the program at 117 registers, the words alone take 34 (ptxas, sm_90)
+TILED_PASS_DS_WORDS = 128
 SMALL_BATCH = 16  # below it, half the channels per program (benchmarks/README.md)
 #: below this many rows the program is laid out for latency: its tile count is a constant
 #: (the program id splits without a runtime division), a row posts its fault after its
@@ -102,6 +105,7 @@ def conv1d_update_kernel(
     X_ALIGN: tl.constexpr,  # of x's row stride
     W_PAD: tl.constexpr,
     TILE_D: tl.constexpr,
+    PASS_D: tl.constexpr,  # channels per pass of the tiled path (a divisor of TILE_D)
     BLOCK_T: tl.constexpr,
     LAYOUT_DS: tl.constexpr,
     SILU: tl.constexpr,
@@ -139,8 +143,8 @@ def conv1d_update_kernel(
     if K > 4:  # (compiled only where a one-token row can take its own path)
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
-                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
-                    LAYOUT_DS, SILU)
+                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, PASS_D,
+                    BLOCK_T, LAYOUT_DS, SILU)
     elif UNBRANCHED:  # a one-token row's work in every program, then the other rows'
         _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                        t0, num_tokens, x_stride, w_stride, fault, n == 1,
@@ -151,7 +155,7 @@ def conv1d_update_kernel(
             _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                         t0, n, spec, num_tokens, layer_offset, block_stride, x_stride,
                         w_stride, fault, wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD,
-                        TILE_D, BLOCK_T, LAYOUT_DS, SILU)
+                        TILE_D, PASS_D, BLOCK_T, LAYOUT_DS, SILU)
     elif n == 1:  # one token (a decode row): each input loaded once
         _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                        t0, num_tokens, x_stride, w_stride, fault, True,
@@ -161,8 +165,8 @@ def conv1d_update_kernel(
     else:
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
-                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, BLOCK_T,
-                    LAYOUT_DS, SILU)
+                    wb, tile, K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, TILE_D, PASS_D,
+                    BLOCK_T, LAYOUT_DS, SILU)
     if (tile == 0) & LATENCY:  # last: its atomics would hold the loads above back
         flag_row(errors_ptr, row, fault)
 
@@ -192,12 +196,27 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
                 spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault, wb,
                 tile, K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
                 ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, W_PAD: tl.constexpr,
+                TILE_D: tl.constexpr, PASS_D: tl.constexpr, BLOCK_T: tl.constexpr,
+                LAYOUT_DS: tl.constexpr, SILU: tl.constexpr):
+    """Any row, ``BLOCK_T`` tokens at a time, ``PASS_D`` of the tile's channels at a
+    time: the window is loaded first, the outputs computed tile by tile, and the window
+    stored after a barrier (it may be rewritten in place)."""
+    for j in tl.static_range(TILE_D // PASS_D):
+        _tiled_pass(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
+                    n, spec, num_tokens, layer_offset, block_stride, x_stride, w_stride,
+                    fault, wb, (tile * TILE_D + j * PASS_D).to(tl.int32)
+                    + tl.arange(0, PASS_D), K, WIDTH, DIM, ALIGN, X_ALIGN, W_PAD, PASS_D,
+                    BLOCK_T, LAYOUT_DS, SILU)
+
+
+@triton.jit
+def _tiled_pass(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
+                spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault, wb,
+                d, K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
+                ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, W_PAD: tl.constexpr,
                 TILE_D: tl.constexpr, BLOCK_T: tl.constexpr, LAYOUT_DS: tl.constexpr,
                 SILU: tl.constexpr):
-    """Any row, ``BLOCK_T`` tokens at a time: the window is loaded first, the outputs
-    computed tile by tile, and the window stored after a barrier (it may be rewritten in
-    place)."""
-    d = (tile * TILE_D).to(tl.int32) + tl.arange(0, TILE_D)
+    """:func:`_tiled_rows` on the ``TILE_D`` channels ``d``."""
     dmask = (d < DIM)[None, :]
     rp = pool_ptr + rbase
     # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c (in the pool's dtype:
@@ -342,6 +361,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         constexprs={"K": ksize, "WIDTH": width, "DIM": dim,
                     "ALIGN": pool_align(scal, layout), "X_ALIGN": x_align,
                     "W_PAD": next_pow2(width), "TILE_D": tile,
+                    "PASS_D": min(tile, TILED_PASS_DS_WORDS) if words else tile,
                     "BLOCK_T": token_tile(x.shape[0], rows), "LAYOUT_DS": layout == "DS",
                     "SILU": activation == "silu",
                     "W_PACKED": packed, "LATENCY": rows < LATENCY_BELOW,
