@@ -7,10 +7,10 @@ stores the new window from registers (``_one_token``, kernels/conv1d_one_token.p
 decode batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked
 off on other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte
 words: kernels/conv1d_ds_words.py). Any
-other row (``_tiled_rows``) first loads its new window (from its read block at its read
-offset and from ``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T``
-tokens, and only then, after a barrier, stores the window to the write block (which may
-be the read block). Both sum in fp32 the ``K`` taps in order, then the conv bias: the
+other row (``_tiled_rows``, in passes of ``PASS_D`` channels) first loads its new window
+(from its read block at its read offset and from ``x``), then computes ``y`` for its tokens
+in tiles of ``BLOCK_T`` tokens, and only then, after a barrier, stores the window to the
+write block (which may be the read block). Both sum in fp32 the ``K`` taps in order, then the conv bias: the
 same order whatever the path, batch or tile, so a row's bits do not depend on them.
 """
 
@@ -201,6 +201,7 @@ def _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
     """Any row, ``BLOCK_T`` tokens at a time, ``PASS_D`` of the tile's channels at a
     time: the window is loaded first, the outputs computed tile by tile, and the window
     stored after a barrier (it may be rewritten in place)."""
+    tl.static_assert(TILE_D % PASS_D == 0)
     for j in tl.static_range(TILE_D // PASS_D):
         _tiled_pass(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                     n, spec, num_tokens, layer_offset, block_stride, x_stride, w_stride,
@@ -216,7 +217,7 @@ def _tiled_pass(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hi
                 ALIGN: tl.constexpr, X_ALIGN: tl.constexpr, W_PAD: tl.constexpr,
                 TILE_D: tl.constexpr, BLOCK_T: tl.constexpr, LAYOUT_DS: tl.constexpr,
                 SILU: tl.constexpr):
-    """:func:`_tiled_rows` on the ``TILE_D`` channels ``d``."""
+    """:func:`_tiled_rows` on the channels ``d`` (``TILE_D`` of them: one pass)."""
     dmask = (d < DIM)[None, :]
     rp = pool_ptr + rbase
     # the new window: C_new[i] = full[n - c + 1 + i] for i < K - 2 + c (in the pool's dtype:
@@ -271,7 +272,9 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     and in a DS decode batch (a one-token row's window is three strided 2-byte reads and
     three writes per channel there, and more, shorter programs keep more of them in
     flight); :data:`DECODE_TILE_DS_WORDS` in a decode batch whose DS windows move as words
-    (``words``, :func:`ds_words`: four channels a lane). Every output is its own sum of
+    (``words``, :func:`ds_words`: four channels a lane), at any batch (ahead of the
+    small-batch rule: 128-512 channels measured within 0.04 µs at B = 1 and 16,
+    benchmarks/README.md, "DS windows as words"). Every output is its own sum of
     the taps in order, so the tile changes no bits."""
     decode = num_tokens <= num_rows
     if words and decode:

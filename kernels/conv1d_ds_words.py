@@ -1,8 +1,8 @@
 """The conv1d update's one-token path on a DS pool of ``K - 1 = 3`` columns with 2-byte
 windows (a model without drafts; see :mod:`.conv1d`), moved as 8-byte words.
 
-A channel's window there is 6 bytes: loaded a field at a time, a lane issues ten 2-byte
-accesses per channel. Four channels are 12 fields, three aligned words: a lane loads its
+A channel's window there is 6 bytes: loaded a field at a time, a lane makes nine 2-byte
+accesses per channel (three window loads and stores, token, bias, y). Four channels are 12 fields, three aligned words: a lane loads its
 group's three words, its four tokens and four biases as words, sums each channel in the
 one-token path's order (so the bits are the same) and stores the new windows as three
 words, the token of each channel shifted in with shifts and masks (benchmarks/README.md,
@@ -32,7 +32,8 @@ def _bits(value, dtype: tl.constexpr):
 @triton.jit
 def _quad_load(ptr, g, mask):
     """Elements ``4g .. 4g + 3`` of the contiguous 2- or 4-byte array at ``ptr`` (8-byte
-    aligned), bit for bit in its dtype: one or two word loads."""
+    aligned), bit for bit in its dtype: four ``[len(g)]`` tensors from one or two word
+    loads."""
     dt: tl.constexpr = ptr.dtype.element_ty
     words = ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
     if dt.primitive_bitwidth == 16:
@@ -63,7 +64,8 @@ def _quad_store(ptr, g, v0, v1, v2, v3, mask):
     ``4g .. 4g + 3`` (8-byte aligned): one or two word stores."""
     dt: tl.constexpr = ptr.dtype.element_ty
     words = ptr.to(tl.pointer_type(tl.uint64), bitcast=True)
-    b0, b1, b2, b3 = _bits(v0.to(dt), dt), _bits(v1.to(dt), dt), _bits(v2.to(dt), dt), _bits(v3.to(dt), dt)
+    b0, b1 = _bits(v0.to(dt), dt), _bits(v1.to(dt), dt)
+    b2, b3 = _bits(v2.to(dt), dt), _bits(v3.to(dt), dt)
     if dt.primitive_bitwidth == 16:
         tl.store(words + g, b0 | (b1 << 16) | (b2 << 32) | (b3 << 48), mask=mask)
     else:
@@ -100,6 +102,7 @@ def _one_token_words(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, has_hi
     gm = g < DIM // 4
     pt: tl.constexpr = pool_ptr.dtype.element_ty
     rp = (pool_ptr + rbase).to(tl.pointer_type(tl.uint64), bitcast=True) + 3 * g
+    # a window of K - 1 columns is read at offset 0 (has_hist is false at any other)
     hm = gm & has_hist
     a = tl.load(rp, mask=hm, other=0, eviction_policy="evict_first")
     b = tl.load(rp + 1, mask=hm, other=0, eviction_policy="evict_first")
