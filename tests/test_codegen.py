@@ -262,7 +262,7 @@ def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows, wi
     # below LATENCY_BELOW rows a one-token row's window, token and taps load with no branch
     # ahead of them, one round trip after the ids: the branch to the one-token path had
     # kept them about 100 instructions behind the ids' arrival (benchmarks/README.md, "The
-    # window ahead of the row's checks"); a DS window of 3 columns loads as words
+    # window ahead of the row's checks"); a 2-byte DS window of 3 or 6 columns loads as words
     lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1", "--width", width)
     window = [i for i, (_, text) in enumerate(lines) if "LDG.E.EF" in text]
     # K - 1 = 3 history rows; on a DS pool, a group of four channels' words
