@@ -146,11 +146,13 @@ def _one_token_words(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, h
     """:func:`.conv1d_one_token._one_token` for ``K = 4`` on a 2-byte DS pool of ``WIDTH``
     3 or 6 columns, ``DIM % 4 == 0``, 8-byte aligned blocks and rows of ``x``, taps packed,
     for the ``TILE_D`` channels from ``first``: the same loads, sums, masks and stores,
-    four channels a lane. A lane stores only bytes it loaded, so the window may be
-    rewritten in place without a barrier."""
+    four channels a lane. A lane stores only bytes of its own group, each after loading
+    it where it reads that block (every stored word depends on the words it overwrites),
+    so the window may be rewritten in place without a barrier."""
     g = first // 4 + tl.arange(0, TILE_D // 4)  # groups of four channels
     gm = g < DIM // 4
     pt: tl.constexpr = pool_ptr.dtype.element_ty
+    # (off outside [0, W - K + 1] is no read: every shift in _views stays at most 48)
     v0, v1, v2, v3 = _views(pool_ptr, rbase, tl.where(has_hist, off, 0), g, gm & has_hist,
                             WIDTH)
     x_row = t0 * x_stride

@@ -177,3 +177,35 @@ def test_torch_and_jax_give_the_same_bits(width):
         make_backend(b).conv1d_update(*args, layer=1, layout="DS") for b in ("torch", "jax"))
     assert ty.tobytes() == jy.tobytes() and tout.tobytes() == jout.tobytes()
     assert terr.tolist() == jerr.tolist()
+
+
+@pytest.mark.parametrize("pad", [0, 2, kconv.LATENCY_BELOW])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_six_column_words_at_every_read_offset_give_the_field_by_field_bits(device_backend,
+                                                                            pad, in_place):
+    # one-token rows reading at offsets 0-3, then a 3-token row, then pad rows without
+    # tokens (small batch, small decode batch, large batch); against the reference and,
+    # bit for bit, against the same rows on a pool of 8 columns (field by field)
+    rng = np.random.default_rng(7 + pad)
+    D, width = 40, W + 3
+    pool = rng.normal(size=(L, NB, D, width)).astype(BF)
+    cu = np.array([0, 1, 2, 3, 4, 7] + [7] * pad)
+    rb = np.array([1, 2, 3, 4, 5] + [-1] * pad)
+    off = np.array([0, 1, 2, 3, 1] + [0] * pad)
+    wb = rb.copy() if in_place else np.array([6, 7, 8, 0, 5] + [-1] * pad)
+    spec = np.zeros(len(rb), np.int64)
+    x = rng.normal(size=(7, D)).astype(BF)
+    w, cb = rng.normal(size=(D, K)).astype(BF), rng.normal(size=(D,)).astype(BF)
+    constexprs = plan(D, len(rb), 7, width=width)
+    assert constexprs["DS_WORDS"] and (constexprs["LATENCY"], constexprs["UNBRANCHED"]) == (
+        pad < kconv.LATENCY_BELOW, pad == 2)
+    args = (pool, x, w, cb, cu, rb, off, wb, spec)
+    y, out, err = device_backend.conv1d_update(*args, layer=1, layout="DS")
+    ry, rout, rerr = make_backend("reference").conv1d_update(*args, layer=1, layout="DS")
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    np.testing.assert_array_equal(out, rout)
+    np.testing.assert_allclose(y.astype(np.float64), ry.astype(np.float64), rtol=2e-2, atol=2e-2)
+    wide = np.concatenate([pool, rng.normal(size=(L, NB, D, 2)).astype(BF)], axis=3)
+    y2, out2, _ = device_backend.conv1d_update(wide, *args[1:], layer=1, layout="DS")
+    assert y2.tobytes() == y.tobytes()
+    np.testing.assert_array_equal(out2[..., :width], out)
