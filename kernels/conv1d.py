@@ -1,17 +1,17 @@
 """Causal conv1d update with separate read and write blocks (docs/semantics.md §4, "Causal
 conv1d update"); the reference is :func:`mamba_align.core.conv1d_ref.causal_conv1d_update_ref`.
 
-One program per (row, channel tile), both on grid axis 0. A row of one token (a decode
-row, ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and
-stores the new window from registers (``_one_token``, kernels/conv1d_one_token.py; in a
-decode batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked
-off on other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte
-words: kernels/conv1d_ds_words.py). Any
-other row (``_tiled_rows``, in passes of ``PASS_D`` channels) first loads its new window
-(from its read block at its read offset and from ``x``), then computes ``y`` for its tokens
-in tiles of ``BLOCK_T`` tokens, and only then, after a barrier, stores the window to the
-write block (which may be the read block). Both sum in fp32 the ``K`` taps in order, then the conv bias: the
-same order whatever the path, batch or tile, so a row's bits do not depend on them.
+One program per (row, channel tile), both on grid axis 0. A row of one token (a decode row,
+``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and stores
+the new window from registers (``_one_token``, kernels/conv1d_one_token.py; in a decode
+batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked off on
+other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte words:
+kernels/conv1d_ds_words.py). Any other row (``_tiled_rows``, in passes of ``PASS_D``
+channels) first loads its new window (from its read block at its read offset and from
+``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then,
+after a barrier, stores the window to the write block (which may be the read block). Both
+sum in fp32 the ``K`` taps in order, then the conv bias: the same order whatever the path,
+batch or tile, so a row's bits do not depend on them.
 """
 
 from __future__ import annotations

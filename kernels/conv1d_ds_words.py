@@ -2,11 +2,11 @@
 windows (a model without drafts; see :mod:`.conv1d`), moved as 8-byte words.
 
 A channel's window there is 6 bytes: loaded a field at a time, a lane makes nine 2-byte
-accesses per channel (three window loads and stores, token, bias, y). Four channels are 12 fields, three aligned words: a lane loads its
-group's three words, its four tokens and four biases as words, sums each channel in the
-one-token path's order (so the bits are the same) and stores the new windows as three
-words, the token of each channel shifted in with shifts and masks (benchmarks/README.md,
-"DS windows as words")."""
+accesses per channel (three window loads and stores, token, bias, y). Four channels are 12
+fields, three aligned words: a lane loads its group's three words, its four tokens and four
+biases as words, sums each channel in the one-token path's order (so the bits are the same)
+and stores the new windows as three words, the token of each channel shifted in with shifts
+and masks (benchmarks/README.md, "DS windows as words")."""
 
 from __future__ import annotations
 
