@@ -13,10 +13,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .conv1d_one_token import _one_token_sum, _tap
+from .conv1d_one_token import _field, _one_token_sum, _tap
 from .rows import BAD_CU_SEQLENS
-
-_FIELD = tl.constexpr(0xFFFF)
 
 
 @triton.jit
@@ -44,12 +42,6 @@ def _quad_load(ptr, g, mask):
         hi = tl.load(words + 2 * g + 1, mask=mask, other=0)
         quad = (_half(lo, 0, dt), _half(lo, 1, dt), _half(hi, 0, dt), _half(hi, 1, dt))
     return quad
-
-
-@triton.jit
-def _field(word, k: tl.constexpr, dtype: tl.constexpr):
-    """2-byte field ``k`` of ``word`` (field 0 in the low bytes) as ``dtype``."""
-    return ((word >> (16 * k)) & _FIELD).to(tl.uint16).to(dtype, bitcast=True)
 
 
 @triton.jit

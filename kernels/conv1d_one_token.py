@@ -40,10 +40,15 @@ def _stream_out(ptr, pos, d, value, mask, WIDTH: tl.constexpr, DIM: tl.constexpr
 
 
 @triton.jit
+def _field(word, k: tl.constexpr, dtype: tl.constexpr):
+    """2-byte field ``k`` of ``word`` (uint64, field 0 in the low bytes) as ``dtype``."""
+    return ((word >> (16 * k)) & 0xFFFF).to(tl.uint16).to(dtype, bitcast=True)
+
+
+@triton.jit
 def _tap(word, k: tl.constexpr, dtype: tl.constexpr):
-    """Tap ``k`` of a channel's packed 2-byte taps (``word``, uint64, tap 0 in the low
-    bytes), exactly, in fp32."""
-    return ((word >> (16 * k)) & 0xFFFF).to(tl.uint16).to(dtype, bitcast=True).to(tl.float32)
+    """Tap ``k`` of a channel's packed 2-byte taps (``word``), exactly, in fp32."""
+    return _field(word, k, dtype).to(tl.float32)
 
 
 @triton.jit
