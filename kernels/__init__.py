@@ -1,7 +1,9 @@
 """Triton kernels and their launch plans. Imports triton only (never a framework).
 
 Without a GPU the kernels run in Triton's interpreter: ``TRITON_INTERPRET=1`` is set here
-before any ``@triton.jit`` function is defined, unless the caller already chose.
+before any of the package's ``@triton.jit`` functions is defined, unless the caller already
+chose (Triton's own helpers, built compiled if triton was imported first, are rebuilt
+interpreted: kernels/interpret.py).
 """
 
 import os
@@ -15,8 +17,9 @@ if "TRITON_INTERPRET" not in os.environ and not (
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from .interpret import install as _install
+    from .interpret import install as _install, reinterpret_helpers as _reinterpret
 
+    _reinterpret()  # triton imported before the choice (by torch._dynamo, jax-triton, ...)
     _install()  # no redundant swaps; a NumPy 2.5-proof __index__; a row-invariant tl.dot;
     # bfloat16 rounded to nearest even
 

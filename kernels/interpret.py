@@ -1,5 +1,7 @@
 """Four changes to Triton's CPU interpreter (CPU runs only): one for the kernels' speed in
-it, one for NumPy 2.5, one for batch invariance on every CPU, one for the bits of bfloat16.
+it, one for NumPy 2.5, one for batch invariance on every CPU, one for the bits of bfloat16;
+and Triton's own helpers rebuilt for it where triton was imported before it was chosen
+(:func:`reinterpret_helpers`, any Triton version).
 
 The interpreter swaps ``triton.language``'s builtins for interpreted ones when a launch
 starts and restores them when it ends. A call of a ``@triton.jit`` helper from inside a
@@ -41,12 +43,15 @@ Written for Triton 3.6.
 from __future__ import annotations
 
 import inspect
+import sys
 import threading
 
 import numpy as np
 import triton
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
+from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 
 def _swapped(module) -> bool:
@@ -107,6 +112,31 @@ def _rounding_casts(cast, fp_to_fp):
 
     cast_impl.rounds_to_nearest = True
     return cast_impl, create_fp_to_fp
+
+
+def reinterpret_helpers() -> int:
+    """Triton's own ``@triton.jit`` helpers (``tl.cdiv``, ``tl.zeros_like``, ``x.sum()``, ...)
+    are built compiled or interpreted as ``TRITON_INTERPRET`` was when ``triton.language``
+    was first imported. Where something imported triton before the interpreter was chosen
+    (``torch._dynamo``, jax-triton, fla), they are compiled ones, which refuse a call from an
+    interpreted kernel; each is replaced by an interpreted function of the same Python code,
+    in its module and as a tensor method. Returns how many were replaced (0 if none were
+    compiled)."""
+    made: dict = {}
+
+    def interpreted(value):
+        if id(value) not in made:
+            made[id(value)] = InterpretedFunction(value.fn)
+        return made[id(value)]
+
+    owners = [m for name, m in list(sys.modules.items())
+              if m is not None and (name == "triton.language"
+                                    or name.startswith("triton.language."))]
+    for owner in owners + [tl.core.tensor]:
+        for name, value in list(vars(owner).items()):
+            if isinstance(value, JITFunction):
+                setattr(owner, name, interpreted(value))
+    return len(made)
 
 
 def install() -> bool:
