@@ -55,13 +55,15 @@ MESSAGES = {
     Fault.BAD_SLOT: "idx_mapping / slots name a slot outside [0, num_slots) (-1 skips a row)",
     Fault.DUPLICATE_SLOT: "two rows of one step name the same slot",
     Fault.BAD_QUERY_LEN: "query_len must be >= 1 on every mapped row, and <= 1 + num_spec on "
-                         "spec rows",
+                         "spec rows; a recurrence's spec row may have at most as many tokens "
+                         "as write blocks (write_blocks.shape[1]; conv1d: W - K + 2)",
     Fault.BAD_NUM_SAMPLED: "num_sampled must be in [1, query_len] on spec rows: their window no "
                            "longer holds the step's initial state (re-admit a discarded "
                            "request with add_requests)",
     Fault.BAD_IS_SPEC: "is_spec must be 0 or 1 (were num_sampled and is_spec swapped?)",
     Fault.BAD_BLOCK: "the block table names, where a row reads or writes, a block outside "
-                     "[1, NB) (-1 = no block; 0 is the null block; NB: the smallest pool)",
+                     "[1, NB) (-1 = no block; 0 is the null block; NB: the smallest pool); "
+                     "or a recurrence's read or write block is outside [-1, NB)",
     Fault.BAD_COLUMN: "a row reads or writes a column outside the block table",
     Fault.BAD_NUM_COMPUTED: "num_computed must be >= 0 and fit the index dtype",
     Fault.OVERFLOW: "num_computed would pass the range of the index dtype",

@@ -329,6 +329,10 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
         raise ValueError(f"a conv block of W x D = {width} x {dim} elements is too large: the "
                          "kernel addresses a block with 32-bit offsets (fewer than 2^31)")
     check_errors(errors)
+    if x.ndim == 2 and x.shape[1] != dim:  # (a pool of the other layout, likeliest)
+        form = "[L, NB, W, D]" if layout == "SD" else "[L, NB, D, W]"
+        raise ValueError(f"x must have shape [T, D] with D = {dim}, the channels of a "
+                         f"{layout} pool {form} {list(pool.shape)}, got {list(x.shape)}")
     check_array("x", x, (None, dim), FLOAT_DTYPES)
     check_array("weight", weight, (dim, None), FLOAT_DTYPES)
     ksize = weight.shape[1]

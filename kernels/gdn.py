@@ -299,8 +299,11 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     check_array("q", q, (None, None, None), FLOAT_DTYPES)
+    check_array("k", k, (None, None, None), FLOAT_DTYPES)
+    if tuple(k.shape) != tuple(q.shape):
+        raise ValueError(f"q and k must have the same shape [T, H, K], got q {list(q.shape)} "
+                         f"and k {list(k.shape)}")
     T, H, K = q.shape
-    check_array("k", k, (T, H, K), FLOAT_DTYPES)
     check_array("v", v, (T, None, None), FLOAT_DTYPES)
     HV, V = v.shape[1], v.shape[2]
     if H == 0 or HV == 0 or HV % H:

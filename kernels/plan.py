@@ -178,7 +178,10 @@ class Op:
             return run(*self.bind(args, kwargs))
 
         fn.__name__ = fn.__qualname__ = name
-        fn.__signature__ = self.signature(array_type, returns)
+        fn.__signature__ = sig = self.signature(array_type, returns)
+        # (typing.get_type_hints and IDEs read these, not the signature)
+        fn.__annotations__ = {**{p.name: p.annotation for p in sig.parameters.values()},
+                              "return": returns}
         fn.__doc__ = self.doc + doc
         return fn
 

@@ -310,6 +310,7 @@ def test_a_batch_without_rows_returns_zeros(backend):
     (dict(layer=2), "layer"), (dict(layout="XY"), "layout"), (dict(activation="relu"), "activation"),
     (dict(weight=np.zeros((16, W + 2), np.float32)), "kernel size"),
     (dict(x=np.zeros((3, 8), np.float32)), "x must have shape"),
+    (dict(layout="DS"), r"x must have shape \[T, D\] with D = 5, the channels of a DS pool"),
     (dict(pool=np.zeros((L, NB, W, 16), np.int32)), "pool must have dtype"),
 ])
 def test_bad_arguments_raise(device_backend, change, error):

@@ -249,14 +249,16 @@ def test_k_with_other_strides_than_q_is_refused():
     (dict(v=np.zeros((12, 3, 8), np.float32)), "multiple"),
     (dict(pool=np.zeros((L, NB, 4, 8, 8), np.float16)), "pool must have dtype"),
     (dict(pool=np.zeros((L, NB, 4, 8, 4), np.float32)), "pool must have shape"),
+    (dict(q=np.zeros((12, 2, 9), np.float32)), r"q and k must have the same shape \[T, H, K\], "
+                                                r"got q \[12, 2, 9\] and k \[12, 2, 8\]"),
 ])
 def test_bad_arguments_raise(device_backend, change, error):
     rng = np.random.default_rng(6)
     pool, q, k, v, gates = inputs(rng, 2, 4, 8, 8)
-    kw = dict(pool=pool, v=v, layer=0, layout="VK")
+    kw = dict(pool=pool, q=q, v=v, layer=0, layout="VK")
     kw.update(change)
     with pytest.raises((ValueError, TypeError), match=error):
-        device_backend.gdn(kw["pool"], q, k, kw["v"], gates, CU, RB, WBS, SPEC,
+        device_backend.gdn(kw["pool"], kw["q"], k, kw["v"], gates, CU, RB, WBS, SPEC,
                            layer=kw["layer"], layout=kw["layout"])
 
 

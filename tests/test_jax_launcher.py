@@ -180,3 +180,11 @@ def test_jax_gradients_through_the_ops_raise():
     g = jax.grad(lambda p: (p + mj.ops.copy_temporal(jax.lax.stop_gradient(p), err, src,
                                                      dst)["pool"]).sum())(pool)
     assert np.asarray(g).tolist() == np.ones((1, 4, 2, 2)).tolist()
+
+
+def test_the_public_ops_carry_type_hints_and_name_what_they_return():
+    import typing
+    hints = typing.get_type_hints(mj.ops.conv1d_update)
+    assert hints["x"] is jax.Array and hints["layout"] is str
+    assert hints["return"] == typing.Dict[str, jax.Array]
+    assert "every output by name: ``y``, ``pool``, ``errors``" in mj.ops.conv1d_update.__doc__

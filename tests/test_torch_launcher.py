@@ -156,3 +156,15 @@ def test_torch_copies_a_misaligned_broadcast_input_whole():
     backend._align_inputs(Plan, args)
     assert args["x"].data_ptr() % 16 == 0 and args["x"].stride() == (8, 1)
     assert torch.equal(args["x"], y)
+
+
+def test_the_public_ops_carry_type_hints_and_name_what_they_return():
+    # typing.get_type_hints (IDEs, mypy's runtime view) reads __annotations__, not the
+    # signature the launcher builds
+    import typing
+    hints = typing.get_type_hints(tops.gated_delta_rule_)
+    assert hints["q"] is torch.Tensor and hints["layer"] is int and hints["scale"] is float
+    assert hints["return"] == typing.Dict[str, torch.Tensor]
+    assert typing.get_type_hints(tops.copy_temporal_)["return"] is type(None)
+    assert "Returns a dict of the new outputs: ``o``; ``pool``, ``errors`` updated in place" \
+        in tops.gated_delta_rule_.__doc__

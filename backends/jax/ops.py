@@ -84,7 +84,7 @@ def _as_jax(name: str, x: Any, in_place: bool) -> Array:
 def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) -> Dict[str, Array]:
     """Run ``op`` on ``arrays`` (its array parameters by name) with its static options;
     returns every output by name (in-place ones updated). Not differentiable: ``jax.grad``
-    through it raises (state copies and bookkeeping have no useful derivative)."""
+    through it raises (the kernels define no derivative)."""
     plan = op.plan(**{n: spec(n, a, n in op.mutates) for n, a in arrays.items()}, **statics)
     arrays = {n: _as_jax(n, a, n in op.mutates) for n, a in arrays.items()}
     if plan.skip:  # (no traced body below: checked here unless a trace is visible)
@@ -112,9 +112,9 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
 
     @run.defjvp
     def _(primals, tangents):
-        raise TypeError(f"{op.name} is not differentiable: its outputs are copies and "
-                        "bookkeeping of state blocks; stop gradients before it "
-                        "(jax.lax.stop_gradient) if it sits inside a differentiated function")
+        raise TypeError(f"{op.name} is not differentiable: its kernels define no derivative; "
+                        "stop gradients before it (jax.lax.stop_gradient) if it sits inside a "
+                        "differentiated function")
 
     return run(*arrays.values())
 
@@ -122,9 +122,12 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
 def public(op: K.Op):
     """The user-facing JAX function of ``op``: array parameters positional (or by keyword),
     static options keyword-only; returns every output by name."""
+    doc = f"Returns a dict of every output by name: ``{'``, ``'.join(op.returns + op.mutates)}``"
+    if op.mutates:
+        doc += (f"; ``{'``, ``'.join(op.mutates)}`` as updated arrays (donated under "
+                "``jax.jit``, updated in place)")
     return op.function(lambda arrays, statics: launch(op, arrays, statics), op.name, Array,
-                       Dict[str, Array],
-                       "\n\n    Returns every output by name, in-place arrays updated.")
+                       Dict[str, Array], "\n\n    " + doc + ".")
 
 
 add_requests = public(K.ADD_REQUESTS)

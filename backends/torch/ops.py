@@ -14,7 +14,7 @@ time per call (measured on the H200 host), which an eager step need not pay.
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping
 
 import torch
 from torch import Tensor
@@ -202,8 +202,14 @@ def public(op: K.Op):
     name = op.name + ("_" if op.mutates else "")
     custom = _register(op, name)
     _CUSTOM[op.name] = custom
+    updated = f"``{'``, ``'.join(op.mutates)}`` updated in place" if op.mutates else ""
+    if op.returns:
+        doc = (f"Returns a dict of the new outputs: ``{'``, ``'.join(op.returns)}``"
+               + (f"; {updated}." if updated else "."))
+    else:
+        doc = f"Returns ``None``; {updated}."
     return op.function(lambda arrays, statics: call(op, arrays, statics), name, Tensor,
-                       Optional[Dict[str, Tensor]])
+                       Dict[str, Tensor] if op.returns else None, "\n\n    " + doc)
 
 
 _CUSTOM: Dict[str, Any] = {}  # op name -> its custom op (dynamo cannot hash an Op key)
