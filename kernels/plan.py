@@ -175,7 +175,7 @@ class Op:
         (:meth:`bind`) and hands ``(arrays, statics)`` to ``run``; named, signed and
         documented like the op."""
         def fn(*args, **kwargs):
-            return run(*self.bind(args, kwargs))
+            return run(*self.bind(args, kwargs, name))
 
         fn.__name__ = fn.__qualname__ = name
         fn.__signature__ = sig = self.signature(array_type, returns)
@@ -195,21 +195,28 @@ class Op:
                  default=P.empty if s.default is None else s.default) for s in self.statics],
             return_annotation=returns)
 
-    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Tuple[dict, dict]:
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any],
+             name: Optional[str] = None) -> Tuple[dict, dict]:
         """A call's ``(arrays by name, static options)`` (the fast path: every array
-        positional)."""
+        positional); errors name the function ``name`` (default: the op's)."""
+        name = name or self.name
         if len(args) == len(self.arrays):
-            return dict(zip(self.arrays, args)), self.static_values(kwargs)
-        bound = self.signature(None, None).bind(*args, **kwargs)
+            return dict(zip(self.arrays, args)), self.static_values(kwargs, name)
+        try:
+            bound = self.signature(None, None).bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{name}(): {e}") from None
         arrays = {n: bound.arguments[n] for n in self.arrays if n in bound.arguments}
         rest = {k: v for k, v in bound.arguments.items() if k not in arrays}
-        return arrays, self.static_values(rest)
+        return arrays, self.static_values(rest, name)
 
-    def static_values(self, given: Mapping[str, Any]) -> dict:
-        """The static options with defaults filled in; unknown or missing ones raise."""
+    def static_values(self, given: Mapping[str, Any], name: Optional[str] = None) -> dict:
+        """The static options with defaults filled in; unknown or missing ones raise (naming
+        the function ``name``, default: the op's)."""
+        name = name or self.name
         unknown = set(given) - {s.name for s in self.statics}
         if unknown:
-            raise TypeError(f"{self.name}() got unexpected options {sorted(unknown)}")
+            raise TypeError(f"{name}() got unexpected options {sorted(unknown)}")
         out = {}
         for s in self.statics:
             if s.name in given:
@@ -217,12 +224,12 @@ class Op:
                 if s.type is float and isinstance(v, int) and not isinstance(v, bool):
                     v = out[s.name] = float(v)  # an int where a float is expected: exact
                 if not isinstance(v, s.type) or (s.type is int and isinstance(v, bool)):
-                    raise TypeError(f"{self.name}() option {s.name} must be {s.type.__name__}, "
+                    raise TypeError(f"{name}() option {s.name} must be {s.type.__name__}, "
                                     f"got {v!r}")
             elif s.default is not None:
                 out[s.name] = s.default
             else:
-                raise TypeError(f"{self.name}() missing the keyword option {s.name!r}")
+                raise TypeError(f"{name}() missing the keyword option {s.name!r}")
         return out
 
 

@@ -109,6 +109,16 @@ def test_op_argument_errors_are_the_same_in_both_backends(a, name, make, exc, ma
     assert all(np.array_equal(x, y) for x, y in zip(before, after))  # nothing written
 
 
+def test_argument_errors_name_the_function_called(a):
+    # torch's in-place functions end in an underscore: the message names the one called
+    fn = "copy_conv_" if a.name == "torch" else "copy_conv"
+    args = (a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2), a.ids(0))
+    with pytest.raises(TypeError, match=rf"^{fn}\(\) missing the keyword option 'layout'"):
+        a.op("copy_conv")(*args)
+    with pytest.raises(TypeError, match=rf"^{fn}\(\): missing a required argument: 'bias'"):
+        a.op("copy_conv")(*args[:4], layout="SD")
+
+
 def test_torch_strides_are_checked():
     pool = torch.zeros(2, 6, 3, 4, device=DEV)
     i64 = lambda *v: torch.tensor(v, device=DEV)  # noqa: E731
