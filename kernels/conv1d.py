@@ -398,8 +398,9 @@ CONV1D_UPDATE = Op(
     ``[D, K]``; ``bias``: ``[D]`` (zeros for none); ``cu_seqlens``: int ``[N + 1]``; per row
     (int ``[N]``): ``read_block`` (-1: zero history) and ``read_offset`` (the resolve step's
     ``conv_read`` and ``conv_read_bias``), ``write_block`` (``conv_write``; -1: no write),
-    ``is_spec`` (nonzero: every token is a candidate). ``activation``: ``"silu"`` or
-    ``"none"``. Returns ``y`` ``[T_total, D]`` in ``x``'s dtype; arithmetic in fp32.
+    ``is_spec`` (bool/int8/int32/int64, nonzero: every token is a candidate); ``int``:
+    int32 or int64. ``activation``: ``"silu"`` or ``"none"``. Returns ``y`` ``[T_total, D]``
+    in ``x``'s dtype; arithmetic in fp32.
 
     A row with a block outside ``[-1, NB)``, a read offset outside ``[0, W - K + 1]``, a
     spec row of more than ``W - K + 2`` tokens, or its own two ``cu_seqlens`` entries

@@ -400,11 +400,14 @@ _STATICS = (Static("layer", int), Static("scale", float, 0.0),
 _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length rows, for layer
     ``layer`` of a state pool ``[L, NB, HV, V, K]`` (``layout="VK"``, K-last) or ``[L, NB,
     HV, K, V]`` (``"KV"``), fp32 or bf16, updated in place. ``q``, ``k``: ``[T_total, H,
-    K]``; ``v``: ``[T_total, HV, V]`` (fp32/fp16/bf16, ``HV % H == 0``); {gates};
+    K]``, ``k`` with ``q``'s strides (views of one fused tensor are fine); ``v``:
+    ``[T_total, HV, V]`` (``HV % H == 0``);
+    {gates}; all fp32/fp16/bf16.
     ``cu_seqlens``: int ``[N + 1]``; ``read_block`` int ``[N]`` (the resolve step's
     ``temporal_read``; -1: zero state); ``write_blocks`` int ``[N, 1 + S]``
-    (``temporal_write``; -1: no write); ``is_spec`` ``[N]`` (nonzero: the state after token
-    ``j + 1`` goes to write block ``j``; otherwise the final state to write block 0).
+    (``temporal_write``; -1: no write); ``is_spec`` bool/int8/int32/int64 ``[N]`` (nonzero:
+    the state after token ``j + 1`` goes to write block ``j``; otherwise the final state to
+    write block 0); ``int``: int32 or int64.
     ``scale``: 0 for ``K^-1/2``; ``use_qk_l2norm``: normalise q and k first. Returns ``o``
     ``[T_total, HV, V]`` in ``q``'s dtype; state arithmetic in fp32.
 
@@ -424,7 +427,8 @@ GATED_DELTA_RULE = Op(
     mutates=("pool", "errors"),
     returns=("o",),
     skipped={"o": 0},
-    doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``"),
+    doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
+                          "stride"),
 )
 
 GATED_DELTA_RULE_FUSED_GATES = Op(
@@ -437,6 +441,7 @@ GATED_DELTA_RULE_FUSED_GATES = Op(
     returns=("o",),
     skipped={"o": 0},
     doc=_DOC.format(gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
-                          "``[T_total, HV]`` and ``A_log``, ``dt_bias`` ``[HV]``: ``g = "
-                          "-exp(A_log) * softplus(a + dt_bias)``, ``beta = sigmoid(b)``"),
+                          "``[T_total, HV]`` (one row stride) and ``A_log``, ``dt_bias`` "
+                          "``[HV]``: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = "
+                          "sigmoid(b)``"),
 )
