@@ -154,8 +154,10 @@ def screen_postprocess(state_idx, acc, num_computed, idx_mapping, query_len, is_
     hit = live & (fault == 0) & (aligned >= running) & (aligned >= block_size)
     fault |= np.where(hit & (dest != col) & (dest != col - 1), int(Fault.INCONSISTENT), 0)
     hit = hit & (fault == 0)
-    copy = hit & ~((dest == col) & (bias == 0))
+    same = hit & (dest == col)
+    copy = hit & ~(same & (bias == 0))
     fault |= _blocks(block_table, slot, dest, hit, num_blocks)
-    fault |= _blocks(block_table, slot, col + bias, copy, num_blocks)
-    fault |= _blocks(block_table, slot, col, copy, num_blocks)
+    # a copy into the running column re-bases the row's state on its sources: they must exist
+    fault |= _blocks(block_table, slot, col + bias, copy, num_blocks, need=same)
+    fault |= _blocks(block_table, slot, col, copy, num_blocks, need=same)
     return fault

@@ -156,13 +156,17 @@ def postprocess_kernel(
     hit = hit & (fault == 0)
     same = hit & (dest == col)
     copy = hit & ~(same & (bias == 0))
-    # a -1 here is no block: no fault, but no cache column either (below)
+    # a -1 cached block is no block: no fault, but no cache column either (below); so is a
+    # -1 copy source of a snapshot into the kept column. A copy into the running column
+    # (dest == col) re-bases the row's state on its sources (the last accepted candidate,
+    # the running conv block): a -1 there would lose that state, a fault as a missing read
+    # block is (a later step would compute from another state and could cache it)
     none = hit & (dest < -1)  # all false
     cached, f_dst = block_at(block_table_ptr, slot, dest, bt_stride, max_cols, num_blocks, hit,
                              none)
     tsrc, f_t = block_at(block_table_ptr, slot, col + bias, bt_stride, max_cols, num_blocks, copy,
-                         none)
-    csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, none)
+                         same)
+    csrc, f_c = block_at(block_table_ptr, slot, col, bt_stride, max_cols, num_blocks, copy, same)
     fault |= f_dst | f_t | f_c
     dup = duplicated(idx_mapping_ptr, head, slot, live, num_rows, num_slots, CHUNK, WIDTH)
     fault = tl.where(dup, own | DUPLICATE_SLOT, fault)
@@ -321,6 +325,8 @@ POSTPROCESS = Op(
     outside ``[1, 1 + num_spec]`` or ``num_sampled`` outside ``[1, query_len]``; a
     non-spec row with ``query_len < 1``; ``is_spec`` not 0/1; a boundary column that is
     neither ``state_idx`` nor ``state_idx - 1``; a copy or cached block outside ``[1,
-    NB)`` or a column outside the table; ``num_computed`` past the index dtype. A row
-    whose cached block or copy source is -1 (no block) gets no cache column.""" + FAULT_DOC,
+    NB)`` or a column outside the table; a -1 copy source of a boundary in the running
+    column (``state_idx``: the row's state would be lost); ``num_computed`` past the index
+    dtype. A row whose cached block, or the copy source of a boundary in the kept column
+    ``state_idx - 1``, is -1 (no block) gets no cache column.""" + FAULT_DOC,
 )

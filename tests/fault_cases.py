@@ -83,5 +83,11 @@ POST_CASES = [
     ((3, 1, 2), 2, 1, 2, BT, Fault.INCONSISTENT, "boundary column 0 far behind column 3"),
     ((1, 1, 6), 2, 1, 2, table_with(0, 1, 99), Fault.BAD_BLOCK, "cached block 99"),
     ((1, 2, 6), 2, 1, 2, table_with(0, 2, 99), Fault.BAD_BLOCK, "copy source 99"),
+    # a boundary in the running column 1 (8 tokens): acc becomes 1, the row's state the
+    # copy's; a write dropped into column 2 (the last accepted candidate) or column 1 (the
+    # conv window) would leave it another state, and the next boundary would cache that
+    ((1, 2, 6), 2, 1, 2, table_with(0, 2, -1), Fault.BAD_BLOCK,
+     "running column's temporal source -1"),
+    ((1, 2, 6), 2, 1, 2, table_with(0, 1, -1), Fault.BAD_BLOCK, "running column's block -1"),
     ((-1, 1, 0), 8, 0, 1, BT, Fault.INCONSISTENT, "postprocess with no running column"),
 ]

@@ -189,10 +189,24 @@ def test_postprocess_skips_a_faulty_row_and_caches_nothing(device_backend, slot0
 
 
 def test_a_cached_block_of_minus_one_gives_no_cache_column(device_backend):
-    s = state_with((1, 1, 6))
+    # the boundary at 8 tokens in the kept column 1 (the running one is 2); a -1 running
+    # column is a fault (POST_CASES)
+    s = state_with((2, 2, 7))
     _, out = device_backend.postprocess(s, [0], [2], [1], [2], table_with(0, 1, -1), B, S,
                                         num_blocks=NB)
     assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
+
+
+def test_a_kept_column_snapshot_from_minus_one_gives_no_cache_column(device_backend):
+    # 7 tokens in column 2, two accepted: the boundary at 8 is the kept column 1's snapshot,
+    # copied from column 2 (a dropped write): no snapshot, but the row's state (column 3,
+    # acc 2) is whole, so no fault; a read of a missing block is flagged where it happens
+    s = state_with((2, 2, 7))
+    new, out = device_backend.postprocess(s, [0], [2], [1], [2], table_with(0, 2, -1), B, S,
+                                          num_blocks=NB)
+    assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (2, 2, 9)
+    assert out["copy_tsrc"].tolist() == [-1]
 
 
 def test_postprocess_skips_a_faulty_slot_silently(device_backend):
