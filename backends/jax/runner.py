@@ -124,8 +124,8 @@ def _bookkeeping(op: K.Op, state: SlotArrays, args: tuple, statics: dict,
 def add_requests(state: SlotArrays, slots: jax.Array, num_computed: jax.Array, *,
                  config: CacheConfig, validate: bool = False) -> SlotArrays:
     """Seed ``slots`` ([n] int32/int64, -1 = skip) with their computed tokens
-    ``num_computed`` ([n]: 0 fresh, k·B on a prefix hit). ``validate``: the checked mode
-    (see the module)."""
+    ``num_computed`` ([n]: 0 fresh, k·B on a prefix hit; after a fault, 0 or a cached
+    boundary: docs/semantics.md §1). ``validate``: the checked mode (see the module)."""
     instance("config", config, CacheConfig)
     out = _bookkeeping(K.ADD_REQUESTS, state, (slots, num_computed),
                        {"block_size": config.block_size}, validate)

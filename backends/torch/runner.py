@@ -135,7 +135,8 @@ class StateRunner:
 
     def add_requests(self, slots: torch.Tensor, num_computed: torch.Tensor) -> None:
         """Seed request slots (``[n]`` int, -1 = skip) with their computed tokens (0 =
-        fresh, a multiple of ``B`` after a prefix-cache hit)."""
+        fresh, a multiple of ``B`` after a prefix-cache hit; after a fault, 0 or a cached
+        boundary: docs/semantics.md §1)."""
         self._bookkeeping(lambda *state: ops.add_requests_(
             *state, slots, num_computed, block_size=self.config.block_size))
 
