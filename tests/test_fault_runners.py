@@ -110,8 +110,9 @@ def test_jax_runner_records_faults_and_the_checked_mode_raises():
     assert np.asarray(blocks.run_col).tolist() == [1, -1]
     assert mj.errors(st1) == [MESSAGES[Fault.BAD_BLOCK]]
     assert mj.errors(mj.clear_errors(st1)) == []
-    # checked, eagerly: raises
-    with pytest.raises(Exception, match="bad step input, nothing changed: the block table"):
+    # checked, eagerly: raises ValueError, as the torch runner does, with its message
+    with pytest.raises(ValueError, match=r"^bad step input, nothing changed \(lowest offending "
+                                         r"row: 1\): the block table"):
         mj.preprocess(state, jp, *step, config=cfg, validate=True)
 
     # checked under jit: checkify reports it, and the step changed nothing

@@ -11,8 +11,9 @@ Bad values in the step's arrays do not raise: the kernels serve a row they canno
 a skipped row, leave its slot faulty until :func:`add_requests` seeds it again, and record
 the fault in ``state.errors``, which :func:`errors` reads (docs/semantics.md §1).
 
-The checked mode, ``validate=True`` on every step function, raises instead: eagerly with
-the messages of :data:`mamba_align.core.faults.MESSAGES`, and under ``jax.jit`` through
+The checked mode, ``validate=True`` on every step function, raises instead: eagerly a
+``ValueError`` with the messages of :data:`mamba_align.core.faults.MESSAGES` (as the torch
+runner), and under ``jax.jit`` through
 ``jax.experimental.checkify`` (``err, out = checkify.checkify(jitted_step)(...)``;
 ``err.throw()``). A faulty checked call returns the state unchanged and copies nothing.
 """
@@ -27,7 +28,7 @@ from jax.experimental import checkify
 
 from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
-from ...core.faults import CHECKED, MESSAGES, Fault, decode_errors, new_errors
+from ...core.faults import CHECKED, MESSAGES, Fault, decode_errors, new_errors, raise_errors
 from ...core.resolve import Mode, check_mode
 from ... import kernels as K
 from . import ops
@@ -107,6 +108,8 @@ def _bookkeeping(op: K.Op, state: SlotArrays, args: tuple, statics: dict,
         return ops.launch(op, dict(zip(op.arrays, (*state, *args))), statics)
     out = ops.launch(op, dict(zip(op.arrays, (state.state_idx, state.acc, state.num_computed,
                                               jnp.asarray(new_errors()), *args))), statics)
+    if not isinstance(out["errors"], jax.core.Tracer):  # eager: torch's ValueError, as there
+        raise_errors(jax.device_get(out["errors"]), CHECKED)
     bits, row = out["errors"][0], out["errors"][1]
     for f in Fault:
         checkify.check((bits & int(f)) == 0, f"{CHECKED}: {MESSAGES[f]} (lowest offending "
