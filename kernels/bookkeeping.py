@@ -302,10 +302,10 @@ ADD_REQUESTS = Op(
     (int ``[n]``: 0 when fresh, ``c·B`` after a prefix-cache hit of ``c`` blocks):
     ``state_idx = (num_computed - 1) // B``, ``acc = 1``: the caller states that the state
     after ``num_computed_new`` tokens is in that column's block (unchecked; after a fault,
-    re-admit at 0 or at a cached boundary, docs/semantics.md §1). The per-slot arrays (int32/int64
-    ``[num_slots]``, ``num_slots < 2**31``) are updated in place. Faults: a slot outside
-    ``[-1, num_slots)``, a slot named twice, ``num_computed_new`` negative or past the index
-    dtype.""" + FAULT_DOC,
+    re-admit at 0 or at a cached boundary, docs/semantics.md §1). The per-slot arrays
+    (int32/int64 ``[num_slots]``, ``num_slots < 2**31``) are updated in place. Faults: a
+    slot outside ``[-1, num_slots)``, a slot named twice, ``num_computed_new`` negative or
+    past the index dtype.""" + FAULT_DOC,
 )
 
 POSTPROCESS = Op(
