@@ -82,7 +82,7 @@ def study(B: int, S: int, chats) -> dict:
 
     i32 = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
     state = mj.init_state(SLOTS)
-    pools = {n: jnp.zeros(cfg.pool_shape(n, NUM_BLOCKS)) for n in cfg.states}
+    pools = {n: jnp.zeros(cfg.pool_shape(n, NUM_BLOCKS), s.dtype) for n, s in cfg.states.items()}
     for u in history:
         submit(u)
     steps = prefill = drafts = accepted = peak = cached_peak = 0

@@ -20,8 +20,8 @@ from mamba_align.backends import jax as mj
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")  # eager on purpose
 k1, k2 = jax.random.split(jax.random.key(0))
-EMB = jax.random.normal(k1, (64, D))  # token id -> input vector
-W = jax.random.normal(k2, (K, D))  # depthwise conv weights
+EMB = jax.random.normal(k1, (64, D), jnp.float32)  # token id -> input vector
+W = jax.random.normal(k2, (K, D), jnp.float32)  # depthwise conv weights
 
 
 def toy_layer(pools, blocks, batch):
@@ -34,8 +34,9 @@ def toy_layer(pools, blocks, batch):
             continue
         t_read, c_read = int(blocks.temporal_read[b]), int(blocks.conv_read[b])
         off = int(blocks.conv_read_bias[b])
-        h = ssm[0, t_read] if t_read >= 0 else jnp.zeros(D)
-        hist = conv[0, c_read, off:off + K - 1] if c_read >= 0 else jnp.zeros((K - 1, D))
+        h = ssm[0, t_read] if t_read >= 0 else jnp.zeros(D, ssm.dtype)
+        hist = (conv[0, c_read, off:off + K - 1] if c_read >= 0
+                else jnp.zeros((K - 1, D), conv.dtype))
         full = jnp.concatenate([hist, EMB[np.array(tokens)]])
         states, y = [], []
         for t in range(len(tokens)):
@@ -56,7 +57,8 @@ def toy_layer(pools, blocks, batch):
 
 def main() -> None:
     carry = {"state": mj.init_state(NUM_SLOTS),
-             "pools": {n: jnp.zeros(CFG.pool_shape(n, NUM_BLOCKS)) for n in CFG.states}}
+             "pools": {n: jnp.zeros(CFG.pool_shape(n, NUM_BLOCKS), s.dtype)
+                       for n, s in CFG.states.items()}}
     i32 = lambda a: jnp.asarray(np.asarray(a), jnp.int32)  # noqa: E731
 
     def step(batch, sample):  # pure step functions: the new state and pools are carried

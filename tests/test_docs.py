@@ -1,6 +1,7 @@
 """The README's code runs as written, and the examples run to completion with the results
 they claim."""
 
+import os
 import pathlib
 import re
 import subprocess
@@ -83,11 +84,15 @@ def test_simulation_example_runs_and_compares_like_with_like():
         assert on[2] > 0 and off[1] == on[1] + on[2]
 
 
-@pytest.mark.parametrize("example", ["torch_serving_loop.py", "jax_serving_loop.py"])
-def test_serving_loop_examples_show_exact_prefix_caching(example):
+@pytest.mark.parametrize("example,x64", [("torch_serving_loop.py", False),
+                                         ("jax_serving_loop.py", False),
+                                         ("jax_serving_loop.py", True)])
+def test_serving_loop_examples_show_exact_prefix_caching(example, x64):
+    # with x64 too (JAX users often turn it on): its pools and toy layer keep float32
+    env = {**os.environ, "JAX_ENABLE_X64": "1" if x64 else "0"}
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / example)],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True, text=True, timeout=300, env=env,
     )
     assert out.returncode == 0, out.stderr
     assert "resumed from a cached block after 16 tokens" in out.stdout
