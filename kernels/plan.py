@@ -14,6 +14,7 @@ then needs one generic launcher and nothing per operation.
 from __future__ import annotations
 
 import inspect
+import numbers
 import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -221,8 +222,11 @@ class Op:
         for s in self.statics:
             if s.name in given:
                 v = out[s.name] = given[s.name]
-                if s.type is float and isinstance(v, int) and not isinstance(v, bool):
-                    v = out[s.name] = float(v)  # an int where a float is expected: exact
+                # a NumPy number (``for layer in np.arange(L)``), or an int for a float:
+                # the Python number of the same value
+                number = {int: numbers.Integral, float: numbers.Real}.get(s.type)
+                if number and isinstance(v, number) and not isinstance(v, (bool, s.type)):
+                    v = out[s.name] = s.type(v)
                 if not isinstance(v, s.type) or (s.type is int and isinstance(v, bool)):
                     raise TypeError(f"{name}() option {s.name} must be {s.type.__name__}, "
                                     f"got {v!r}")

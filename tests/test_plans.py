@@ -3,6 +3,7 @@ builders return, and plans are safe to cache: every backend's launcher trusts bo
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from mamba_align import kernels as K
@@ -117,6 +118,16 @@ def test_plans_are_read_only_and_options_are_typed():
             K.POSTPROCESS.static_values({"block_size": bad})
     with pytest.raises(ValueError, match="block_size"):
         sample_plan(K.POSTPROCESS, block_size=True)  # straight to the builder: still refused
+    # NumPy numbers (a loop over np.arange) become the Python numbers of the same value
+    got = K.POSTPROCESS.static_values({"block_size": np.int64(4), "num_spec": np.int32(2),
+                                       "num_blocks": np.uint8(9)})
+    assert got == {"block_size": 4, "num_spec": 2, "num_blocks": 9}
+    assert all(type(v) is int for v in got.values())
+    eps = K.RMS_NORM.static_values({"eps": np.float32(1e-6)})["eps"]
+    assert type(eps) is float and eps == float(np.float32(1e-6))
+    for bad in (np.bool_(True), np.float64(4.0)):
+        with pytest.raises(TypeError, match="block_size must be int"):
+            K.POSTPROCESS.static_values({"block_size": bad})
     spec = K.ArraySpec([3], "int64", [1])  # lists become tuples: hashable
     assert spec == IDS and hash(spec) == hash(IDS)
 
