@@ -400,7 +400,7 @@ _STATICS = (Static("layer", int), Static("scale", float, 0.0),
 _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length rows, for layer
     ``layer`` of a state pool ``[L, NB, HV, V, K]`` (``layout="VK"``, K-last) or ``[L, NB,
     HV, K, V]`` (``"KV"``), fp32 or bf16, updated in place. ``q``, ``k``: ``[T_total, H,
-    K]``, ``k`` with ``q``'s strides (views of one fused tensor are fine); ``v``:
+    K]``, ``k`` with ``q``'s strides in torch (views of one fused tensor are fine); ``v``:
     ``[T_total, HV, V]`` (``HV % H == 0``);
     {gates}; all fp32/fp16/bf16.
     ``cu_seqlens``: int ``[N + 1]``; ``read_block`` int ``[N]`` (the resolve step's
@@ -428,7 +428,7 @@ GATED_DELTA_RULE = Op(
     returns=("o",),
     skipped={"o": 0},
     doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
-                          "stride"),
+                          "stride in torch"),
 )
 
 GATED_DELTA_RULE_FUSED_GATES = Op(
@@ -441,7 +441,7 @@ GATED_DELTA_RULE_FUSED_GATES = Op(
     returns=("o",),
     skipped={"o": 0},
     doc=_DOC.format(gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
-                          "``[T_total, HV]`` (one row stride) and ``A_log``, ``dt_bias`` "
-                          "``[HV]``: ``g = -exp(A_log) * softplus(a + dt_bias)``, ``beta = "
-                          "sigmoid(b)``"),
+                          "``[T_total, HV]`` (one row stride in torch) and ``A_log``, "
+                          "``dt_bias`` ``[HV]``: ``g = -exp(A_log) * softplus(a + dt_bias)``, "
+                          "``beta = sigmoid(b)``"),
 )

@@ -218,7 +218,8 @@ SELECTIVE_STATE_UPDATE = Op(
     for layer ``layer`` of a state pool ``[L, NB, H, P, N]`` (heads, head dim, state size),
     fp32 or bf16, updated in place. ``x``: ``[T_total, H, P]``; ``dt``: ``[T_total, H]``;
     ``A`` (negative: Mamba2's ``-exp(A_log)``), ``D``, ``dt_bias``: ``[H]``; ``B``, ``C``:
-    ``[T_total, G, N]`` with the same strides (``H % G == 0``: head ``h`` uses group ``h // (H / G)``); all fp32/fp16/bf16.
+    ``[T_total, G, N]`` with the same strides in torch (``H % G == 0``: head ``h`` uses
+    group ``h // (H / G)``); all fp32/fp16/bf16.
     ``cu_seqlens``: int ``[N_rows + 1]``; ``read_block`` int ``[N_rows]`` (the resolve
     step's ``temporal_read``; -1: zero state); ``write_blocks`` int ``[N_rows, 1 + S]``
     (``temporal_write``; -1: no write); ``is_spec`` ``[N_rows]`` (nonzero: the state after

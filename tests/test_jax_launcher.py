@@ -59,7 +59,7 @@ def test_jax_refuses_what_it_would_narrow_as_torch_refuses_it():
                              jnp.array([1], jnp.int32), jnp.array([2], jnp.int32))
     with pytest.raises(TypeError, match="dtype int64 needs jax_enable_x64"):
         mj.init_state(4, jnp.int64)
-    with pytest.raises(TypeError, match="x must be a jax array, got Tensor"):
+    with pytest.raises(TypeError, match="x must be a jax or numpy array, got Tensor"):
         mj.ops.rms_norm(torch.ones(2, 8), np.ones(8, np.float32))
 
 

@@ -32,7 +32,7 @@ def spec(name: str, x: Any, exact: bool = False) -> K.ArraySpec:
         want = jax.dtypes.canonicalize_dtype(x.dtype)
         shape = tuple(x.shape)
     except (AttributeError, TypeError):  # (a torch tensor's dtype is not one JAX reads)
-        raise TypeError(f"{name} must be a jax array, got {type(x).__name__}") from None
+        raise TypeError(f"{name} must be a jax or numpy array, got {type(x).__name__}") from None
     if want != x.dtype and (exact or jnp.issubdtype(x.dtype, jnp.floating)):
         want = np.dtype(x.dtype)
     return K.ArraySpec.row_major(shape, want.name)

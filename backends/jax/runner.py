@@ -7,6 +7,8 @@ GPU updates them in place::
 
     step = jax.jit(my_step, static_argnames=("config", "mode"), donate_argnums=(0, 1))
 
+(``validate``, where a step passes it, is static too.)
+
 Bad values in the step's arrays do not raise: the kernels serve a row they cannot trust as
 a skipped row, leave its slot faulty until :func:`add_requests` seeds it again, and record
 the fault in ``state.errors``, which :func:`errors` reads (docs/semantics.md §1).
