@@ -148,13 +148,20 @@ def jax_table_md(data: Dict[str, Any]) -> str:
 
 
 def _check(rows: List[tuple], want: float, unit: str) -> tuple:
-    """``rows`` = [(batch, value)]: the worst value, and met / missed / not measured."""
+    """``rows`` = [(batch, value)]: the worst value, and met / missed / not measured. A
+    batch without a value fails the target: it is not shown to be met there."""
     vals = [(b, v) for b, v in rows if v is not None]
     if not vals:
         return "not measured", "not measured"
+
+    def where(b: Any) -> str:
+        return b if isinstance(b, str) else f"B = {b}"
     b, worst = min(vals, key=lambda bv: bv[1])
-    where = b if isinstance(b, str) else f"B = {b}"
-    return f"{worst:.2f}{unit} (worst, at {where})", "met" if worst >= want else "missed"
+    gone = [where(b) for b, v in rows if v is None]
+    text = f"{worst:.2f}{unit} (worst, at {where(b)})"
+    if gone:
+        text += f"; n/a at {', '.join(gone)}"
+    return text, "met" if worst >= want and not gone else "missed"
 
 
 def targets_md(data: Dict[str, Any]) -> str:

@@ -1,5 +1,7 @@
-"""The recurrent benchmark's report marks each target met or missed from the data it is given,
-and states the pooled ratio the run's copy ceiling allows (benchmarks/recurrent_report.py)."""
+"""The benchmark reports mark each target met or missed from the data they are given: the
+recurrent benchmark's (benchmarks/recurrent_report.py, which also states the pooled ratio the
+run's copy ceiling allows) and the copy benchmark's (benchmarks/make_benchmarks_md.py); a
+batch without a record never counts as met."""
 
 import json
 import pathlib
@@ -98,3 +100,75 @@ def test_the_no_draft_pool_targets_read_their_own_rows(report):
     assert _target(md, pooled).endswith("| 4.5x, 4.5x, 4.5x, 4.5x | met |")
     assert _target(report(no_draft(2.0, 1.8)), name).endswith("| 90 %, 90 %, 90 %, 90 % | **missed** |")
     assert "| conv_s0_sd | 1 | 1 | 1.0 |" in md  # the per-B table shows the rows
+
+
+# -- the copy benchmark's targets (benchmarks/make_benchmarks_md.py) ----------------------------
+@pytest.fixture
+def copy_targets():
+    """targets_md over a copy of the stored copy run, with records changed by ``edit``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from make_benchmarks_md import targets_md
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    data = json.loads((RESULTS / "copy_h200.json").read_text())
+
+    def run(edit):
+        d = json.loads(json.dumps(data))
+        edit(d)
+        return targets_md(d)
+    return run
+
+
+def _copy_tbps(d, pool, method, timing):
+    """{batch: record} of one method's records."""
+    return {r["batch"]: r for r in d["records"]
+            if (r["pool"], r["method"], r.get("timing")) == (pool, method, timing)}
+
+
+def _scale(d, pool, method, timing, rate, batches=None):
+    """Sets a method's TB/s to ``rate(batch, the record it is compared with)``."""
+    for b, r in _copy_tbps(d, pool, method, timing).items():
+        if batches is None or b in batches:
+            r["tbps"] = rate(b)
+
+
+# (target, edit(d, margin): every compared value ``margin`` times its threshold; margin < 1
+# at one batch only must make the target missed)
+COPY_TARGETS = [
+    ("ours ≥ 3.8 TB/s at B ≥ 8",
+     lambda d, m, at: _scale(d, "temporal", "ours", "graph",
+                             lambda b: 3.8 * (m if b == at else 1.01), {8, 64, 256})),
+    ("ours ≥ 3.2 TB/s at B = 1",
+     lambda d, m, at: _scale(d, "temporal", "ours", "graph", lambda b: 3.2 * m, {1})),
+    ("ours ≥ 4.5× torch advanced indexing",
+     lambda d, m, at: _scale(d, "temporal", "torch_index", "graph", lambda b: _copy_tbps(
+         d, "temporal", "ours", "graph")[b]["tbps"] / (4.5 * (m if b == at else 1.01)))),
+    ("JAX ≥ 95% of torch",
+     lambda d, m, at: [_scale(d, p, "jax", "jax-device", lambda b, p=p: 0.95 * _copy_tbps(
+         d, p, "ours", "graph")[b]["tbps"] * (m if (b, p) == (at, "conv") else 1.01),
+         {8, 64, 256}) for p in ("temporal", "conv")]),
+    ("JAX ≥ 1.9× the XLA scatter",
+     lambda d, m, at: [_scale(d, p, "xla_scatter", "jax-device", lambda b, p=p: _copy_tbps(
+         d, p, "jax", "jax-device")[b]["tbps"] / (1.9 * (m if (b, p) == (at, "temporal")
+                                                         else 1.01))) for p in ("temporal", "conv")]),
+]
+
+
+@pytest.mark.parametrize("name,edit", COPY_TARGETS, ids=[t[0] for t in COPY_TARGETS])
+def test_each_copy_target_flips_at_its_threshold(copy_targets, name, edit):
+    at = 1 if "B = 1" in name else 64
+    assert _target(copy_targets(lambda d: edit(d, 1.01, at)), name).endswith("| met |")
+    assert _target(copy_targets(lambda d: edit(d, 0.99, at)), name).endswith("| missed |")
+
+
+def test_a_copy_target_is_missed_where_a_batch_has_no_record(copy_targets):
+    def drop(d):  # the temporal pool's graph-timed runs at B = 1, 8 and 64
+        d["records"] = [r for r in d["records"] if not (
+            (r["pool"], r["method"], r.get("timing")) == ("temporal", "ours", "graph")
+            and r["batch"] in (1, 8, 64))]
+    md = copy_targets(drop)
+    line = _target(md, "ours ≥ 3.8 TB/s at B ≥ 8")
+    assert line.endswith("| missed |") and "n/a at B = 8, B = 64" in line, line
+    assert _target(md, "ours ≥ 4.5× torch advanced indexing").endswith("| missed |")
+    assert _target(md, "ours ≥ 3.2 TB/s at B = 1").endswith("| not measured | not measured |")
