@@ -191,3 +191,68 @@ def test_a_copy_target_is_missed_where_a_batch_has_no_record(copy_targets):
     assert line.endswith("| missed |") and "n/a at B = 8, B = 64" in line, line
     assert _target(md, "ours ≥ 4.5× torch advanced indexing").endswith("| missed |")
     assert _target(md, "ours ≥ 3.2 TB/s at B = 1").endswith("| not measured | not measured |")
+
+
+# -- every recurrent target flips at its threshold ----------------------------------------------
+def _ms(d, op, method, batch, tokens=1):
+    return _record(d, op, method, batch, tokens)["ms"]
+
+
+def _set_ms(d, op, method, batch, ms, tokens=1):
+    r = _record(d, op, method, batch, tokens)
+    r["tbps"] *= r["ms"] / ms  # the same bytes in another time
+    r["ms"] = ms
+
+
+def _each(d, batches, f, m, at):
+    """``f(d, B, factor)`` at every batch: ``m`` at batch ``at``, 1.01 (passing) elsewhere."""
+    for B in batches:
+        f(d, B, m if B == at else 1.01)
+
+
+EVERY, BIG = (1, 16, 64, 256), (64, 256)
+# (target, batches, f(d, B, factor): the target's value at B set to factor x its threshold,
+# factor > 1 passing); a ``≤`` target's f divides by the factor
+RECURRENT_TARGETS = [
+    ("gdn decode ≥ 95 % of fla alone", BIG,
+     lambda d, B, f: _set_ms(d, "gdn", "fla", B, _ms(d, "gdn", "ours", B) * 0.95 * f)),
+    ("gdn decode ≥ 4x fla pooled at B ≥ 64 (`index_select`", BIG,
+     lambda d, B, f: _set_ms(d, "gdn", "fla_pooled", B, _ms(d, "gdn", "ours", B) * 4 * f)),
+    ("gdn decode ≥ 4x fla pooled at B ≥ 64 (plain indexing", BIG,
+     lambda d, B, f: _set_ms(d, "gdn", "fla_pooled_indexing", B,
+                             _ms(d, "gdn", "ours", B) * 4 * f)),
+    ("gdn decode ≤ 3.5 µs at B = 1", (1,),
+     lambda d, B, f: _set_ms(d, "gdn", "ours", B, 3.5e-3 / f)),
+    ("gdn spec ≥ 3.6 TB/s at B ≥ 64", BIG,
+     lambda d, B, f: _set_ms(d, "gdn", "ours", B, _ms(d, "gdn", "ours", B, 4)
+                             * _record(d, "gdn", "ours", B, 4)["tbps"] / (3.6 * f), 4)),
+    ("conv (DS pool) ≥ 95 % of fla alone", EVERY,
+     lambda d, B, f: _set_ms(d, "conv", "fla", B, _ms(d, "conv", "ours", B) * 0.95 * f)),
+    ("conv (DS pool) ≥ 3x fla pooled", EVERY,
+     lambda d, B, f: _set_ms(d, "conv", "fla_pooled", B, _ms(d, "conv", "ours", B) * 3 * f)),
+    ("conv, SD pool, ≥ 95 % of fla alone", EVERY,
+     lambda d, B, f: _set_ms(d, "conv_sd", "ours", B, _ms(d, "conv", "fla", B) / (0.95 * f))),
+    ("conv, SD pool, ≥ 3x fla pooled", EVERY,
+     lambda d, B, f: _set_ms(d, "conv_sd", "ours", B, _ms(d, "conv", "fla_pooled", B) / (3 * f))),
+    ("JAX ≥ 95 % of torch (device time), gdn decode", EVERY,
+     lambda d, B, f: _set_ms(d, "gdn", "ours_jax", B, _ms(d, "gdn", "ours", B) / (0.95 * f))),
+    ("JAX ≥ 95 % of torch, gdn decode, the kernel's own", EVERY,
+     lambda d, B, f: _set_ms(d, "gdn", "ours_jax_kernel", B,
+                             _ms(d, "gdn", "ours", B) / (0.95 * f))),
+    ("JAX ≥ 95 % of torch (device time), conv decode, DS", EVERY,
+     lambda d, B, f: _set_ms(d, "conv", "ours_jax", B, _ms(d, "conv", "ours", B) / (0.95 * f))),
+    ("JAX ≥ 95 % of torch (device time), conv decode, SD", EVERY,
+     lambda d, B, f: _set_ms(d, "conv_sd", "ours_jax", B,
+                             _ms(d, "conv_sd", "ours", B) / (0.95 * f))),
+    ("copy-free per step / pre-copy per step ≤ 1", EVERY,
+     lambda d, B, f: _set_ms(d, "step", "copy_free", B, _ms(d, "step", "pre_copy", B) / f)),
+]
+
+
+@pytest.mark.parametrize("name,batches,f", RECURRENT_TARGETS,
+                         ids=[t[0] for t in RECURRENT_TARGETS])
+def test_each_recurrent_target_flips_at_its_threshold(report, name, batches, f):
+    at = batches[-1]
+    assert _target(report(lambda d: _each(d, batches, f, 1.01, at)), name).endswith("| met |")
+    missed = _target(report(lambda d: _each(d, batches, f, 0.99, at)), name)
+    assert missed.endswith("| **missed** |"), missed
