@@ -69,14 +69,14 @@ def test_bf16(backend, layout):
 
 @pytest.mark.parametrize("layout", ["SD", "DS"])
 @pytest.mark.parametrize("pool_dtype", [ml_dtypes.bfloat16, np.float16])
-def test_a_window_narrowed_into_the_pool_is_rounded_as_the_reference_rounds(backend, layout,
-                                                                           pool_dtype):
+def test_a_window_narrowed_into_the_pool_is_rounded_as_the_reference_rounds(device_backend,
+                                                                           layout, pool_dtype):
     # fp32 inputs into a 16-bit pool: to nearest even, as compiled kernels round (the CPU
     # interpreter truncated bfloat16 until kernels/interpret.py made it round)
     rng = np.random.default_rng(7)
     pool, x, w, cb = inputs(rng, 24, np.float32, layout, pool_dtype=pool_dtype)
-    _, out, _ = backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=0,
-                                      layout=layout)
+    _, out, _ = device_backend.conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC, layer=0,
+                                             layout=layout)
     _, rout, _ = make_backend("reference").conv1d_update(pool, x, w, cb, CU, RB, OFF, WB, SPEC,
                                                          layer=0, layout=layout)
     np.testing.assert_array_equal(out.view(np.int16), rout.view(np.int16))

@@ -134,12 +134,12 @@ def test_out_of_range_block_ids_and_biases_copy_nothing_and_are_flagged(backend)
     assert copy_faults(src, dst, 6, bias, 3).tolist() == [0, 0, 0, Fault.BAD_COPY, 0]
 
 
-def test_random_bad_ids_are_skipped_and_flagged_like_the_reference(backend):
+def test_random_bad_ids_are_skipped_and_flagged_like_the_reference(device_backend):
     # good rows (distinct destinations) with some rows made bad: an id below -1 or >= NB,
     # or a bias outside [0, W) on valid ids; bad rows copy nothing, so no race appears
     ref = make_backend("reference")
 
-    @settings(max_examples=backend.examples(60))
+    @settings(max_examples=device_backend.examples(60))
     @given(st.data())
     def run(data):
         rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
@@ -159,11 +159,11 @@ def test_random_bad_ids_are_skipped_and_flagged_like_the_reference(backend):
                 bias[r] = rng.choice([-2, -1, w, w + 1])
         pool = random_pool(rng, (2, nb, w, 3) if layout == "SD" else (2, nb, 3, w), np.float32)
         want, want_flag = ref.copy_conv(pool, src, dst, bias, layout)
-        got, flag = backend.copy_conv(pool, src, dst, bias, layout)
+        got, flag = device_backend.copy_conv(pool, src, dst, bias, layout)
         assert same_bytes(got, want) and flag.tolist() == want_flag.tolist()
         assert flag.tolist() == flag_of(copy_faults(src, dst, nb, bias, w)).tolist()
         want, want_flag = ref.copy_temporal(pool, src, dst)
-        got, flag = backend.copy_temporal(pool, src, dst)
+        got, flag = device_backend.copy_temporal(pool, src, dst)
         assert same_bytes(got, want) and flag.tolist() == want_flag.tolist()
 
     run()

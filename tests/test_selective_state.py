@@ -72,14 +72,14 @@ def test_matches_the_reference(backend, H, G, P, N, dt_softplus):
         assert (out[1, b] != pool[1, b]).any(), b
 
 
-def test_step_sizes_far_below_softplus_bend(backend):
+def test_step_sizes_far_below_softplus_bend(device_backend):
     # dt + dt_bias around -9 (Mamba2 initialises dt_bias to -6.9 ... -2.3): a plain fp32
     # log(1 + exp(x)) is off by 1e-3 there, which the outputs of fresh rows would show
     # (so the state's increments are ~1e-4: compared relative to their size, with D = 0)
     rng = np.random.default_rng(13)
     pool, ins = inputs(rng, 2, 1, 8, 8, dt_bias=(-8.5, -7.5))
     ins["D"][:] = 0
-    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
+    y, out, _ = device_backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
     ry, rout, _ = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=1)
     fresh = slice(0, CU[1])  # row 0 starts from a zero state: y and its state are d x B ...
     assert np.abs(y[fresh] - ry[fresh]).max() <= 1e-5 * np.abs(ry[fresh]).max()
