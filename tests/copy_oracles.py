@@ -25,12 +25,13 @@ def copy_plan(tsrc, csrc, dst, bias) -> CopyPlan:
 
 
 def random_copy_plan(rng, rows: int, nb: int, max_bias: int) -> CopyPlan:
-    """Rows with distinct destinations: plain copies, self-copies / in-place shifts,
-    sources < 0 and skipped (-1) rows."""
+    """Rows with distinct destinations: plain copies (at least one, so that a plan always
+    moves data), self-copies / in-place shifts, sources < 0 and skipped (-1) rows."""
     blocks = rng.permutation(np.arange(1, nb))
     dst = blocks[:rows].copy()
     spare = blocks[rows:]
     kind = rng.integers(0, 4, rows)  # 0 copy, 1 in place, 2 src -1, 3 skipped row
+    kind[rng.integers(rows)] = 0
     tsrc = np.where(kind == 1, dst, rng.choice(spare, rows))
     csrc = np.where(kind == 1, dst, rng.choice(spare, rows))
     tsrc[kind >= 2] = -1
