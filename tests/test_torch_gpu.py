@@ -101,6 +101,9 @@ def test_a_step_never_synchronises_with_the_host():
     try:
         runner.add_requests(idx[:1].clamp(min=0), ql[:1])
         run_step(runner, pools, idx, ql, spec, bt, ns)
+        # the detector is armed: a read back to the host raises here
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            ns.sum().item()
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
