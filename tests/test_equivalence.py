@@ -136,7 +136,13 @@ class TriDriver:
         reads = symbolic_forward(self.np_pools, self.sym, blocks, batch.tokens, prefix, spec,
                                  self.labels)
         for b in np.flatnonzero(live):
-            assert reads[b].temporal["ssm"] == self.prefix(int(batch.req_ids[b]), int(nc_before[b]))
+            rid, n = int(batch.req_ids[b]), int(nc_before[b])
+            assert reads[b].temporal["ssm"] == self.prefix(rid, n)
+            for name, st in self.sym.states.items():  # the inputs of the last K - 1 tokens
+                if isinstance(st, ConvSpec):
+                    want = tuple(self.prefix(rid, p + 1) if p >= 0 else 0
+                                 for p in range(n - st.kernel_size + 1, n))
+                    assert reads[b].conv[name] == want, (name, b)
         for n, p in self.np_pools.items():
             self.t_pools[n].copy_(torch.from_numpy(p.copy()))
             self.j_pools[n] = jnp.asarray(p.astype(np.int32))
