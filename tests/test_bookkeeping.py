@@ -207,11 +207,15 @@ def batches(draw):
     k = draw(st.integers(0, n))
     idx = list(perm[:k]) + [-1] * draw(st.integers(0, 3))
     idx = draw(st.permutations(idx))
-    q = [draw(st.integers(1, S + 1)) if r >= 0 else 0 for r in idx]
-    return B, S, st_idx, acc, nc, list(idx), q
+    # spec rows of at most 1 + S tokens; non-spec rows (prefill chunks, plain decode) of up
+    # to three blocks and more
+    spec = [draw(st.booleans()) for _ in idx]
+    q = [draw(st.integers(1, S + 1) if sp else st.integers(1, 3 * B + 2)) if r >= 0 else 0
+         for r, sp in zip(idx, spec)]
+    return B, S, st_idx, acc, nc, list(idx), q, spec
 
 
-def table(n, cols=20):  # room for any window of batches()
+def table(n, cols=24):  # room for any window of batches()
     return np.arange(1, 1 + n * cols).reshape(n, cols)  # every block distinct, none null
 
 
@@ -219,10 +223,10 @@ def test_preprocess_matches_the_transcription(backend):
     @settings(max_examples=backend.examples(300))
     @given(batches())
     def run(args):
-        B, S, st_idx, acc, nc, idx, q = args
+        B, S, st_idx, acc, nc, idx, q, spec = args
         idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
         new, out = backend.preprocess_resolve(slots(st_idx, acc, nc), idx, q,
-                                              np.ones(len(idx), bool), table(len(st_idx)), B, S)
+                                              np.array(spec, bool), table(len(st_idx)), B, S)
         want_idx, want_acc, rows = spec_preprocess(st_idx, acc, nc, idx.tolist(), q.tolist(), B)
         assert new.state_idx.tolist() == want_idx and new.acc.tolist() == want_acc
         got = list(zip(out["src_col"].tolist(), out["src_bias"].tolist(),
@@ -236,16 +240,18 @@ def test_postprocess_matches_the_transcription(backend):
     @settings(max_examples=backend.examples(300))
     @given(batches(), st.data())
     def run(args, data):
-        B, S, st_idx, acc, nc, idx, q = args
-        # a consistent state: preprocess, then accept some tokens on spec rows
+        B, S, st_idx, acc, nc, idx, q, spec = args
+        # a consistent state: preprocess, then accept some tokens on spec rows (non-spec
+        # rows accept all of theirs, whatever num_sampled says)
         ns = np.array([data.draw(st.integers(1, qq)) if qq else 0 for qq in q], dtype=np.int64)
         idx, q = np.array(idx, dtype=np.int64), np.array(q, dtype=np.int64)
+        spec = np.array(spec, bool)
         s, _ = preprocess(slots(st_idx, acc, nc), idx, q, B)
-        mid = accept(s, idx, q, ns, True)
+        mid = accept(s, idx, q, ns, spec)
         want_acc, rows = spec_postprocess(mid.state_idx.tolist(), mid.acc.tolist(),
                                           mid.num_computed.tolist(), idx.tolist(), B)
         bt = table(len(st_idx))
-        new, out = backend.postprocess(s, idx, q, np.ones(len(idx), bool), ns, bt, B, S)
+        new, out = backend.postprocess(s, idx, q, spec, ns, bt, B, S)
         assert new.acc.tolist() == want_acc
         assert new.num_computed.tolist() == mid.num_computed.tolist()
         for b, row in enumerate(rows):
