@@ -63,7 +63,9 @@ MESSAGES = {
     Fault.BAD_IS_SPEC: "is_spec must be 0 or 1 (were num_sampled and is_spec swapped?)",
     Fault.BAD_BLOCK: "the block table names, where a row reads or writes, a block outside "
                      "[1, NB) (-1 = no block; 0 is the null block; NB: the smallest pool); "
-                     "or a recurrence's read or write block is outside [-1, NB)",
+                     "or -1 where a row reads its state or re-bases it in postprocess (a "
+                     "boundary in its running column); or a recurrence's read or write "
+                     "block is outside [-1, NB)",
     Fault.BAD_COLUMN: "a row reads or writes a column outside the block table",
     Fault.BAD_NUM_COMPUTED: "num_computed must be >= 0 and fit the index dtype",
     Fault.OVERFLOW: "num_computed would pass the range of the index dtype",

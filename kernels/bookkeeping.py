@@ -329,6 +329,7 @@ POSTPROCESS = Op(
     neither ``state_idx`` nor ``state_idx - 1``; a copy or cached block outside ``[1,
     NB)`` or a column outside the table; a -1 copy source of a boundary in the running
     column (``state_idx``: the row's state would be lost); ``num_computed`` past the index
-    dtype. A row whose cached block, or the copy source of a boundary in the kept column
-    ``state_idx - 1``, is -1 (no block) gets no cache column.""" + FAULT_DOC,
+    dtype. A row whose cached block (unless it is also that source), or the copy source of
+    a boundary in the kept column ``state_idx - 1``, is -1 (no block) gets no cache
+    column.""" + FAULT_DOC,
 )

@@ -225,7 +225,9 @@ class Op:
                 # a NumPy number (``for layer in np.arange(L)``), or an int for a float:
                 # the Python number of the same value
                 number = {int: numbers.Integral, float: numbers.Real}.get(s.type)
-                if number and isinstance(v, number) and not isinstance(v, (bool, s.type)):
+                # (under torch.compile pass Python numbers: dynamo sees NumPy ones as arrays)
+                if number and isinstance(v, number) and not isinstance(v, bool) \
+                        and type(v) is not s.type:
                     v = out[s.name] = s.type(v)
                 if not isinstance(v, s.type) or (s.type is int and isinstance(v, bool)):
                     raise TypeError(f"{name}() option {s.name} must be {s.type.__name__}, "

@@ -198,15 +198,17 @@ def test_a_cached_block_of_minus_one_gives_no_cache_column(device_backend):
 
 
 def test_a_kept_column_snapshot_from_minus_one_gives_no_cache_column(device_backend):
-    # 7 tokens in column 2, two accepted: the boundary at 8 is the kept column 1's snapshot,
-    # copied from column 2 (a dropped write): no snapshot, but the row's state (column 3,
-    # acc 2) is whole, so no fault; a read of a missing block is flagged where it happens
-    s = state_with((2, 2, 7))
-    new, out = device_backend.postprocess(s, [0], [2], [1], [2], table_with(0, 2, -1), B, S,
-                                          num_blocks=NB)
+    # 6 tokens, running column 2, three accepted (9): the boundary at 8 is the kept column
+    # 1's snapshot, copied from window column 1 (block column 3), a dropped write. No
+    # snapshot, but the row's state (temporal: column 4, acc 3; conv: column 2) is whole,
+    # so no fault
+    bt = np.arange(10, 30).reshape(4, 5)
+    bt[0, 3] = -1
+    s = state_with((2, 1, 6))
+    new, out = device_backend.postprocess(s, [0], [3], [1], [3], bt, B, S, num_blocks=30)
     assert bits(device_backend) == 0 and out["cache_col"].tolist() == [-1]
-    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (2, 2, 9)
-    assert out["copy_tsrc"].tolist() == [-1]
+    assert (new.state_idx[0], new.acc[0], new.num_computed[0]) == (2, 3, 9)
+    assert out["copy_tsrc"].tolist() == [-1] and out["copy_csrc"].tolist() == [12]
 
 
 def test_postprocess_skips_a_faulty_slot_silently(device_backend):

@@ -125,6 +125,7 @@ def test_plans_are_read_only_and_options_are_typed():
     assert all(type(v) is int for v in got.values())
     eps = K.RMS_NORM.static_values({"eps": np.float32(1e-6)})["eps"]
     assert type(eps) is float and eps == float(np.float32(1e-6))
+    assert type(K.RMS_NORM.static_values({"eps": np.float64(1e-6)})["eps"]) is float
     for bad in (np.bool_(True), np.float64(4.0)):
         with pytest.raises(TypeError, match="block_size must be int"):
             K.POSTPROCESS.static_values({"block_size": bad})

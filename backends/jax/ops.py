@@ -124,8 +124,8 @@ def public(op: K.Op):
     static options keyword-only; returns every output by name."""
     doc = f"Returns a dict of every output by name: ``{'``, ``'.join(op.returns + op.mutates)}``"
     if op.mutates:
-        doc += (f"; ``{'``, ``'.join(op.mutates)}`` as updated arrays (donated under "
-                "``jax.jit``, updated in place)")
+        doc += (f"; ``{'``, ``'.join(op.mutates)}`` as updated arrays (updated in place "
+                "where the caller donates them under ``jax.jit``)")
     return op.function(lambda arrays, statics: launch(op, arrays, statics), op.name, Array,
                        Dict[str, Array], "\n\n    " + doc + ".")
 
