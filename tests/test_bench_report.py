@@ -3,6 +3,7 @@ recurrent benchmark's (benchmarks/recurrent_report.py, which also states the poo
 run's copy ceiling allows) and the copy benchmark's (benchmarks/make_benchmarks_md.py); a
 batch without a record never counts as met."""
 
+import importlib
 import json
 import pathlib
 import sys
@@ -13,22 +14,35 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.fixture
-def report(tmp_path):
-    """recurrent_md over a copy of the stored run, with records changed by ``edit``."""
+def _benchmark_function(module, name):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        from recurrent_report import recurrent_md
+        return getattr(importlib.import_module(module), name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    data = json.loads((RESULTS / "recurrent_h200.json").read_text())
+
+
+def _editing(stored, render):
+    """``run(edit)``: ``render`` of a copy of the stored run ``stored`` (a file in
+    benchmarks/results), its records changed by ``edit``."""
+    data = json.loads((RESULTS / stored).read_text())
 
     def run(edit):
         d = json.loads(json.dumps(data))
         edit(d)
+        return render(d)
+    return run
+
+
+@pytest.fixture
+def report(tmp_path):
+    """recurrent_md over a copy of the stored run, with records changed by ``edit``."""
+    recurrent_md = _benchmark_function("recurrent_report", "recurrent_md")
+
+    def render(d):
         (tmp_path / "recurrent_h200.json").write_text(json.dumps(d))
         return recurrent_md(tmp_path)
-    return run
+    return _editing("recurrent_h200.json", render)
 
 
 def _record(d, op, method, batch, tokens=1):
@@ -106,18 +120,7 @@ def test_the_no_draft_pool_targets_read_their_own_rows(report):
 @pytest.fixture
 def copy_targets():
     """targets_md over a copy of the stored copy run, with records changed by ``edit``."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from make_benchmarks_md import targets_md
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    data = json.loads((RESULTS / "copy_h200.json").read_text())
-
-    def run(edit):
-        d = json.loads(json.dumps(data))
-        edit(d)
-        return targets_md(d)
-    return run
+    return _editing("copy_h200.json", _benchmark_function("make_benchmarks_md", "targets_md"))
 
 
 def _copy_tbps(d, pool, method, timing):
