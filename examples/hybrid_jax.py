@@ -178,4 +178,5 @@ def serving_step(cfg: ModelConfig, w, cache, pools: Dict[str, jax.Array], num_sl
         return logits, np.asarray(ns)
 
     step.carry = carry
+    step.errors = lambda: mj.errors(carry["state"])  # read before its blocks are recorded
     return step

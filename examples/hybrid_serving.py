@@ -164,7 +164,11 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
     ``snapshot`` (``block -> {state: array}``), keeps the states of every block the
     scheduler records in the prefix cache, as they are when it records them. Without
     ``record``, the logits stay where the step left them (no checks of them, no
-    ``logits`` kept): a timing run. Returns :class:`Served`."""
+    ``logits`` kept): a timing run. Where ``step`` has ``errors`` (``() -> [messages]``,
+    the device's error flag), it is read after every step and a fault stops the run
+    before anything of that step is recorded in the prefix cache (docs/semantics.md §1: a
+    fault the kernels find cannot withdraw a cache column; this scheduler has no path to
+    re-admit a faulty request). Returns :class:`Served`."""
     if not workload.requests:
         raise ValueError("the workload has no requests")
     for rid, (_, prompt) in workload.requests.items():
@@ -207,6 +211,10 @@ def serve(cfg: ModelConfig, workload: Workload, outputs: Dict[int, Sequence[int]
         got = np.asarray(got)  # (the step's end: its sampled counts reach the host)
         done = time.perf_counter()
         out.step_seconds.append((all(d for _, d in before.values()), done - t0))
+        faults = step.errors() if hasattr(step, "errors") else []  # (after the timing)
+        if faults:  # (first: a faulty row's logits and counts are not the model's)
+            raise RuntimeError(f"step {out.steps}: the device flagged faults, nothing of the "
+                               f"step is recorded: {'; '.join(faults)}")
         if not np.array_equal(got, full):
             raise AssertionError(f"step {out.steps}: the step sampled {got.tolist()}, the "
                                  f"reference sampler {full.tolist()}")

@@ -212,5 +212,6 @@ def serving_step(model: TorchModel, runner, pools: Mapping[str, torch.Tensor], *
             logits, ns = body(x, None if fused else on(np.asarray(sample(), np.int32)))
         return OnHost(logits), ns.cpu().numpy()
     step.snapshot = lambda block: {n: to_numpy(p[:, block]) for n, p in pools.items()}
+    step.errors = runner.errors  # read before the scheduler records the step's blocks
     step.graphs = captured
     return step

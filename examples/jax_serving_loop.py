@@ -17,6 +17,7 @@ import numpy as np
 from prefix_scenario import CFG, NUM_BLOCKS, NUM_SLOTS, D, K, report, serve
 
 from mamba_align.backends import jax as mj
+from mamba_align.core import raise_errors
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")  # eager on purpose
 k1, k2 = jax.random.split(jax.random.key(0))
@@ -74,6 +75,7 @@ def main() -> None:
                                          config=CFG)
         carry.update(state=state, pools=pools)
         return ys, num_sampled
+    step.check = lambda: raise_errors(np.asarray(carry["state"].errors))
 
     report(*serve(step))
 

@@ -208,3 +208,38 @@ def test_a_broken_post_process_copy_is_caught(torch_model, plain):
     assert stale >= 1
     differ = {r for r, p in broken.logits if not np.array_equal(broken.logits[r, p], alone[r, p])}
     assert differ and differ <= {r for r, n in broken.hit_tokens.items() if n}
+
+
+def test_a_device_fault_stops_serving_before_its_step_is_recorded(torch_model, plain,
+                                                                  monkeypatch):
+    # docs/semantics.md §1: a fault the kernels find cannot withdraw a cache column, so
+    # the caller reads the flag before the scheduler records the step's blocks; serve()
+    # reads it after every step (the step's errors) and stops there
+    from hybrid_torch import new_pools, serving_step
+
+    import mamba_align.core.scheduler as sched_mod
+    from mamba_align.backends.torch import StateRunner
+    updates = []
+    update = sched_mod.Scheduler.update
+
+    def spy(self, batch, ns):
+        updates.append(len(updates))
+        return update(self, batch, ns)
+    monkeypatch.setattr(sched_mod.Scheduler, "update", spy)
+    runner = StateRunner(CACHE, SLOTS, torch_model.device)
+    step = serving_step(torch_model, runner, new_pools(CACHE, NB, torch_model.device))
+    calls = []
+
+    def faulty(inputs, sample):  # at the third step, a block id past the pools in one row
+        calls.append(1)
+        if len(calls) == 3:
+            bt = inputs.block_table.copy()
+            bt[int(inputs.idx_mapping[0])] = NB + 5
+            inputs = inputs._replace(block_table=bt)
+        return step(inputs, sample)
+    faulty.errors = step.errors
+    workload, outputs, _ = plain
+    with pytest.raises(RuntimeError, match="step 2: the device flagged faults, nothing of the "
+                                           "step is recorded: the block table names"):
+        serve(MODEL, workload, outputs, faulty, block_size=B, num_spec=S, num_blocks=NB)
+    assert updates == [0, 1]  # the scheduler recorded steps 0 and 1 only
