@@ -61,10 +61,14 @@ def test_torch_runner_records_faults_and_decodes_them():
         r.raise_errors()
     cache = r.postprocess(tp, step[0], step[1], step[2], torch.ones_like(step[1]), step[3])
     assert cache[1] == -1 and r.acc[1] == 0  # faulty until re-admitted
+    assert r.faulty_slots() == [1]
     r.clear_errors()
     assert r.errors() == []
     r.preprocess(tp, *step)  # a step on the faulty slot: skipped again, and said
     assert r.errors() == [MESSAGES[Fault.FAULTY_SLOT]]
+    r.postprocess(tp, step[0], step[1], step[2], torch.ones_like(step[1]), step[3])
+    r.add_requests(torch.as_tensor([1], device=r.device), torch.as_tensor([0], device=r.device))
+    assert r.faulty_slots() == []  # re-admitted
 
 
 def test_torch_postprocess_twice_is_caught():
@@ -110,6 +114,7 @@ def test_jax_runner_records_faults_and_the_checked_mode_raises():
     assert np.asarray(blocks.run_col).tolist() == [1, -1]
     assert mj.errors(st1) == [MESSAGES[Fault.BAD_BLOCK]]
     assert mj.errors(mj.clear_errors(st1)) == []
+    assert mj.faulty_slots(st1) == [1] and mj.faulty_slots(state) == []
     # checked, eagerly: raises ValueError, as the torch runner does, with its message
     with pytest.raises(ValueError, match=r"^bad step input, nothing changed \(lowest offending "
                                          r"row: 1\): the block table"):

@@ -4,8 +4,8 @@ CPU, with pure, jittable step functions over a pytree of per-slot bookkeeping.""
 
 from . import ops
 from .bridge import launch
-from .runner import (JaxBlocks, SlotArrays, add_requests, clear_errors, errors, init_state,
-                     postprocess, preprocess)
+from .runner import (JaxBlocks, SlotArrays, add_requests, clear_errors, errors, faulty_slots,
+                     init_state, postprocess, preprocess)
 
 __all__ = ["ops", "launch", "SlotArrays", "JaxBlocks", "init_state", "add_requests",
-           "preprocess", "postprocess", "errors", "clear_errors"]
+           "preprocess", "postprocess", "errors", "clear_errors", "faulty_slots"]

@@ -26,6 +26,7 @@ from typing import Dict, List, NamedTuple, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 from ...core.checks import index_dtype, instance, positive_int
@@ -82,6 +83,13 @@ def errors(state: SlotArrays) -> List[str]:
     the messages of :func:`mamba_align.core.decode_errors`, ``[]`` when none. Reads the
     flag back to the host, so call it outside ``jax.jit``, whenever you choose to wait."""
     return decode_errors(jax.device_get(state.errors))
+
+
+def faulty_slots(state: SlotArrays) -> List[int]:
+    """The slots a fault left faulty (``acc = 0``), in order: each must be re-admitted
+    with :func:`add_requests` (at 0 or at a cached boundary) before a step names it again.
+    Reads back to the host: outside ``jax.jit``, between steps."""
+    return [int(s) for s in np.flatnonzero(np.asarray(jax.device_get(state.acc)) == 0)]
 
 
 def clear_errors(state: SlotArrays) -> SlotArrays:

@@ -96,6 +96,12 @@ class StateRunner:
         """Raise ``ValueError`` naming every recorded fault (synchronises)."""
         raise_errors(self.error_flag.cpu().numpy())
 
+    def faulty_slots(self) -> List[int]:
+        """The slots a fault left faulty (``acc = 0``), in order: each must be re-admitted
+        with :meth:`add_requests` (at 0 or at a cached boundary) before a step names it
+        again (synchronises; between steps: a step in flight marks its slots otherwise)."""
+        return [int(s) for s in torch.nonzero(self.acc == 0).flatten().cpu()]
+
     def clear_errors(self) -> None:
         """Clear the error flag (in place: a captured CUDA graph keeps using it)."""
         self.error_flag.copy_(torch.from_numpy(new_errors()))
