@@ -17,8 +17,8 @@ from .bookkeeping import (
     preprocess,
     running_column,
 )
-from .faults import (NO_ROW, Fault, decode_errors, error_row, flag_of, new_errors,
-                     raise_errors)
+from .faults import (NO_ROW, Fault, decode_errors, error_row, faulty_slots, flag_of,
+                     new_errors, raise_errors)
 from .screen import screen_add_requests, screen_postprocess, screen_preprocess
 from .config import DTYPES, LAYOUTS, CacheConfig, ConvSpec, StateSpec, TemporalSpec
 from .copy_ref import (

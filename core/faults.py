@@ -150,6 +150,13 @@ def error_row(errors) -> Optional[int]:
     return row if bits and row != NO_ROW else None
 
 
+def faulty_slots(acc) -> List[int]:
+    """The slots a fault left faulty, in order: ``acc = 0`` (int ``[num_slots]``, read
+    back between steps: a step in flight marks its slots negative). Each must be re-admitted
+    with ``add_requests`` (at 0 or at a cached boundary) before a step names it again."""
+    return [int(s) for s in np.flatnonzero(np.asarray(acc).reshape(-1) == 0)]
+
+
 def raise_errors(errors, what: str = "the device path skipped faulty rows") -> None:
     """Raise ``ValueError`` with every fault an error flag records; nothing if clear."""
     msgs = decode_errors(errors)

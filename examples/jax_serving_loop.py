@@ -17,7 +17,6 @@ import numpy as np
 from prefix_scenario import CFG, NUM_BLOCKS, NUM_SLOTS, D, K, report, serve
 
 from mamba_align.backends import jax as mj
-from mamba_align.core import raise_errors
 
 warnings.filterwarnings("ignore", message=".*called outside jax.jit")  # eager on purpose
 k1, k2 = jax.random.split(jax.random.key(0))
@@ -75,7 +74,7 @@ def main() -> None:
                                          config=CFG)
         carry.update(state=state, pools=pools)
         return ys, num_sampled
-    step.check = lambda: raise_errors(np.asarray(carry["state"].errors))
+    step.errors = lambda: mj.errors(carry["state"])
 
     report(*serve(step))
 

@@ -25,9 +25,9 @@ REQUESTS = {0: (0, prompt, out0), 1: (20, (prompt + out0)[:18] + [40], [41, 42])
 def serve(step, requests=REQUESTS):
     """Run ``requests`` ({id: (arrival step, prompt, output)}) through ``step(batch,
     sample)``, which does one step on the backend and returns the toy layer's per-row
-    outputs and ``sample()``'s accepted counts, and whose ``check()`` raises on the
-    device's error flag (read before the scheduler records a step's blocks). Returns the
-    per-position outputs of every request and the scheduler."""
+    outputs and ``sample()``'s accepted counts, and whose ``errors()`` gives the device's
+    faults (read, as ``hybrid_serving.serve`` reads them, before the scheduler records a
+    step's blocks). Returns the per-position outputs of every request and the scheduler."""
     sched = Scheduler(CFG, NUM_BLOCKS, max_num_seqs=NUM_SLOTS, max_num_tokens=16,
                       max_model_len=64)
     outputs = {rid: {} for rid in requests}
@@ -42,7 +42,9 @@ def serve(step, requests=REQUESTS):
         batch = sched.schedule()
         starts = {int(r): sched.requests[int(r)].num_computed for r in batch.req_ids}
         ys, num_sampled = step(batch, lambda: sched.sample(batch))
-        step.check()  # the device's error flag, before the scheduler records the step's blocks
+        faults = step.errors()  # the device's flag, before the scheduler records the step
+        if faults:
+            raise RuntimeError(f"the device flagged faults: {'; '.join(faults)}")
         for b, rid in enumerate(batch.req_ids):
             keep = len(ys[b]) if not batch.is_spec[b] else int(num_sampled[b])
             for j in range(keep):  # outputs of accepted positions only

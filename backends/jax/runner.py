@@ -26,12 +26,12 @@ from typing import Dict, List, NamedTuple, Tuple, Union
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.experimental import checkify
 
 from ...core.checks import index_dtype, instance, positive_int
 from ...core.config import CacheConfig
 from ...core.faults import CHECKED, MESSAGES, Fault, decode_errors, new_errors, raise_errors
+from ...core.faults import faulty_slots as core_faulty_slots
 from ...core.resolve import Mode, check_mode
 from ... import kernels as K
 from . import ops
@@ -86,10 +86,9 @@ def errors(state: SlotArrays) -> List[str]:
 
 
 def faulty_slots(state: SlotArrays) -> List[int]:
-    """The slots a fault left faulty (``acc = 0``), in order: each must be re-admitted
-    with :func:`add_requests` (at 0 or at a cached boundary) before a step names it again.
-    Reads back to the host: outside ``jax.jit``, between steps."""
-    return [int(s) for s in np.flatnonzero(np.asarray(jax.device_get(state.acc)) == 0)]
+    """:func:`mamba_align.core.faulty_slots` of ``state``'s slots (reads back to the host:
+    outside ``jax.jit``, between steps)."""
+    return core_faulty_slots(jax.device_get(state.acc))
 
 
 def clear_errors(state: SlotArrays) -> SlotArrays:

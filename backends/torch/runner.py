@@ -20,7 +20,7 @@ import torch
 from ...core.checks import index_dtype as index_dtype_name
 from ...core.checks import instance, positive_int
 from ...core.config import CacheConfig
-from ...core.faults import CHECKED, decode_errors, new_errors, raise_errors
+from ...core.faults import CHECKED, decode_errors, faulty_slots, new_errors, raise_errors
 from ...core.resolve import Mode, check_mode
 from ... import kernels as K
 from . import ops
@@ -97,10 +97,9 @@ class StateRunner:
         raise_errors(self.error_flag.cpu().numpy())
 
     def faulty_slots(self) -> List[int]:
-        """The slots a fault left faulty (``acc = 0``), in order: each must be re-admitted
-        with :meth:`add_requests` (at 0 or at a cached boundary) before a step names it
-        again (synchronises; between steps: a step in flight marks its slots otherwise)."""
-        return [int(s) for s in torch.nonzero(self.acc == 0).flatten().cpu()]
+        """:func:`mamba_align.core.faulty_slots` of this runner's slots (synchronises;
+        between steps)."""
+        return faulty_slots(self.acc.cpu().numpy())
 
     def clear_errors(self) -> None:
         """Clear the error flag (in place: a captured CUDA graph keeps using it)."""
