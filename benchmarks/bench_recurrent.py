@@ -7,8 +7,9 @@ K = 4, bf16 DS pool ``[L, NB, D, K - 1 + S]``, SiLU. S = 3. Batches B = 1, 16, 6
 - ``decode``: one token per row, the final state written (non-spec);
 - ``spec``: 1 + S = 4 tokens per row, every candidate state written (ours; fla writes only
   the final state: its rows say so);
-- ``prefill``: one non-spec row of 2048 tokens (B = 1), given gates, against fla's
-  ``chunk_gated_delta_rule`` (a chunked kernel: a known gap for our recurrent one);
+- ``prefill``: one non-spec row of 2048 tokens (B = 1), given gates, ours token by token
+  (``ours``) and by chunks (``ours_chunked``, ``algorithm="chunked"``) against fla's fused
+  recurrent and ``chunk_gated_delta_rule`` kernels;
 - ``step``: pre-copy against copy-free for B crossing decode rows: the two copies plus both
   kernels, against both kernels reading the old column.
 
@@ -305,12 +306,14 @@ def prefill_rows(s, dev, gen, fla, rec) -> None:
     g = (-A * torch.nn.functional.softplus(c.a.float() + c.dt_bias)).contiguous()
     beta = torch.sigmoid(c.b.float()).to(torch.bfloat16)
 
-    def ours():
+    def ours(algorithm="recurrent"):
         return tops.gated_delta_rule_(c.pool, c.errors, c.q, c.k, c.v, g, beta, c.cu, c.rb,
-                                      c.wbs, c.is_spec, layer=1, use_qk_l2norm=True)["o"]
+                                      c.wbs, c.is_spec, layer=1, use_qk_l2norm=True,
+                                      algorithm=algorithm)["o"]
 
     o = ours()
     check("ours prefill", o, c.gdn_ref(0)[0], 5e-2)  # the reference's gates: beta unrounded
+    check("ours chunked prefill", ours("chunked"), c.gdn_ref(0)[0], 5e-2)
     note = "state bytes only (q/k/v/o traffic dominates)"
     if fla is not None:
         fused, chunk, _ = fla
@@ -323,6 +326,7 @@ def prefill_rows(s, dev, gen, fla, rec) -> None:
             check(f"{name} prefill vs ours", of[0], np32(o), 5e-2)
             rec("prefill", name, 1, T, lambda f=f: f(**kw), state_bytes(s, 1, 1), note)
     rec("prefill", "ours", 1, T, ours, state_bytes(s, 1, 1), note)
+    rec("prefill", "ours_chunked", 1, T, lambda: ours("chunked"), state_bytes(s, 1, 1), note)
     c.assert_clean("prefill")
 
 

@@ -37,7 +37,7 @@ POINTERS = {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "errors": "*i
             "is_spec": "*i64"}  # the rest: bf16 q, k, v, a, b, o
 
 
-def gdn_plan(rows: int, win: int) -> K.LaunchPlan:
+def gdn_plan(rows: int, win: int, algorithm: str = "recurrent") -> K.LaunchPlan:
     spec = K.ArraySpec.row_major
     ids, bf = spec((rows,), "int64"), "bfloat16"
     return K.plan_gated_delta_rule_fused_gates(
@@ -45,7 +45,7 @@ def gdn_plan(rows: int, win: int) -> K.LaunchPlan:
         spec((rows, 16, 128), bf), spec((rows, 32, 128), bf), spec((rows, 32), bf),
         spec((rows, 32), bf), spec((32,), "float32"), spec((32,), "float32"),
         spec((rows + 1,), "int64"), ids, spec((rows, win), "int64"), ids, layer=1, scale=0.0,
-        use_qk_l2norm=True, layout="VK")
+        use_qk_l2norm=True, layout="VK", algorithm=algorithm)
 
 
 def ptx(plan: K.LaunchPlan, cap: int = 0) -> str:

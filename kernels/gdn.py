@@ -15,7 +15,9 @@ import functools
 import triton
 import triton.language as tl
 
+from . import gdn_chunked as chunked
 from .bookkeeping import check_errors
+from .gdn_chunked import gdn_chunked
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
@@ -25,6 +27,8 @@ from .recurrent import (STATES, candidate_block, clear_faulty_row, head_offset, 
 from .rows import aligned_base, flag_row
 
 LAYOUTS = ("VK", "KV")
+#: token by token (decode, spec) or by chunks of tokens (prefill: .gdn_chunked)
+ALGORITHMS = ("recurrent", "chunked")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
@@ -180,9 +184,36 @@ def _gdn(
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
 
+@triton.jit
+def _body(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
+          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K: tl.constexpr,
+          V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, WIN: tl.constexpr,
+          WIN_PAD: tl.constexpr, LAYOUT_KV: tl.constexpr, FUSED_GATES: tl.constexpr,
+          L2NORM: tl.constexpr, ALIGN: tl.constexpr, QK_ALIGN: tl.constexpr,
+          V_ALIGN: tl.constexpr, STREAM: tl.constexpr, STATE_FIRST: tl.constexpr,
+          HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
+    """:func:`_gdn` (``CHUNK = 0``) or :func:`.gdn_chunked.gdn_chunked`."""
+    if CHUNK > 0:
+        gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
+                    cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens,
+                    qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride,
+                    layer_offset, block_stride, head_stride, num_blocks, scale, o_ptr,
+                    pool_ptr, errors_ptr, K, V, BK, BV, WIN, WIN_PAD, LAYOUT_KV, FUSED_GATES,
+                    L2NORM, ALIGN, QK_ALIGN, V_ALIGN, HV, GROUP, CHUNK)
+    else:
+        _gdn(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
+             cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens,
+             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride,
+             layer_offset, block_stride, head_stride, num_blocks, scale, o_ptr, pool_ptr,
+             errors_ptr, K, V, BK, BV, WIN, WIN_PAD, LAYOUT_KV, FUSED_GATES, L2NORM, ALIGN,
+             QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV, GROUP)
+
+
 # One kernel per op, each naming its parameters as its op's arrays (the launch ABI);
-# the body is _gdn, compiled with or without the in-kernel gates.
-@same_binary_jit
+# the body is _gdn (or, chunked, gdn_chunked), compiled with or without the in-kernel
+# gates. Each function makes two kernels: the chunked one without the register cap.
 def gated_delta_rule_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
@@ -225,17 +256,17 @@ def gated_delta_rule_kernel(
     STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
+    _body(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
          WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
-         GROUP)
+          GROUP, CHUNK)
 
 
-@same_binary_jit
 def gated_delta_rule_fused_gates_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
@@ -280,24 +311,31 @@ def gated_delta_rule_fused_gates_kernel(
     STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
+    CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
+    _body(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
          write_blocks_ptr,
          is_spec_ptr, num_tokens, qk_stride_t,
          qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
          WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
-         GROUP)
+          GROUP, CHUNK)
 
 
+gated_delta_rule_chunked_kernel = same_binary_jit(gated_delta_rule_kernel)
+gated_delta_rule_fused_gates_chunked_kernel = same_binary_jit(gated_delta_rule_fused_gates_kernel)
+gated_delta_rule_kernel = same_binary_jit(gated_delta_rule_kernel)
+gated_delta_rule_fused_gates_kernel = same_binary_jit(gated_delta_rule_fused_gates_kernel)
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
 gated_delta_rule_fused_gates_kernel.maxnreg = REGISTER_CAP
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
-              write_blocks, is_spec, *, layer, scale, use_qk_l2norm, layout, fused):
+              write_blocks, is_spec, *, layer, scale, use_qk_l2norm, layout, algorithm, fused):
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     check_array("q", q, (None, None, None), FLOAT_DTYPES)
     check_array("k", k, (None, None, None), FLOAT_DTYPES)
     if tuple(k.shape) != tuple(q.shape):
@@ -338,13 +376,20 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     if (isinstance(scale, bool) or not isinstance(scale, (int, float))
             or not 0 <= scale < float("inf")):
         raise ValueError(f"scale must be a finite float >= 0 (0: K^-1/2), got {scale!r}")
-    bv = min(BV, next_pow2(V))
+    chunk = chunked.CHUNK if algorithm == "chunked" else 0
+    # tl.dot needs 16 rows and columns at least
+    bv = max(16, min(chunked.BV, next_pow2(V))) if chunk else min(BV, next_pow2(V))
+    bk = max(16, next_pow2(K)) if chunk else next_pow2(K)
     tiles = cdiv(V, bv)
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)
     align = largest_align((scal["layer_stride"], scal["block_stride"], pool.strides[2]), 16)
     gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
+    kernels = {(False, False): gated_delta_rule_kernel,
+               (True, False): gated_delta_rule_fused_gates_kernel,
+               (False, True): gated_delta_rule_chunked_kernel,
+               (True, True): gated_delta_rule_fused_gates_chunked_kernel}
     return LaunchPlan(
-        kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,
+        kernel=kernels[fused, chunk > 0],
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),
@@ -358,13 +403,14 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                  ("scale", float(scale) if scale > 0 else K ** -0.5)),
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
-        constexprs={"K": K, "V": V, "BK": next_pow2(K), "BV": bv, "WIN": win,
+        constexprs={"K": K, "V": V, "BK": bk, "BV": bv, "WIN": win,
                     "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
                     "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
                     "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "STREAM": rows < STREAM_BELOW, "STATE_FIRST": rows < STATE_FIRST_BELOW,
-                    "HV": HV, "GROUP": HV // H},
-        num_warps=NUM_WARPS,
+                    "STREAM": not chunk and rows < STREAM_BELOW,
+                    "STATE_FIRST": not chunk and rows < STATE_FIRST_BELOW,
+                    "HV": HV, "GROUP": HV // H, "CHUNK": chunk},
+        num_warps=chunked.NUM_WARPS if chunk else NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )
@@ -375,10 +421,11 @@ def plan_gated_delta_rule(pool: ArraySpec, errors: ArraySpec, q: ArraySpec, k: A
                           v: ArraySpec, g: ArraySpec, beta: ArraySpec, cu_seqlens: ArraySpec,
                           read_block: ArraySpec, write_blocks: ArraySpec, is_spec: ArraySpec, *,
                           layer: int, scale: float, use_qk_l2norm: bool,
-                          layout: str) -> LaunchPlan:
+                          layout: str, algorithm: str = "recurrent") -> LaunchPlan:
     return _plan_gdn(pool, errors, q, k, v, g, beta, None, None, cu_seqlens, read_block,
                      write_blocks, is_spec, layer=layer, scale=scale,
-                     use_qk_l2norm=use_qk_l2norm, layout=layout, fused=False)
+                     use_qk_l2norm=use_qk_l2norm, layout=layout, algorithm=algorithm,
+                     fused=False)
 
 
 @functools.lru_cache(maxsize=256, typed=True)
@@ -388,14 +435,16 @@ def plan_gated_delta_rule_fused_gates(pool: ArraySpec, errors: ArraySpec, q: Arr
                                       cu_seqlens: ArraySpec, read_block: ArraySpec,
                                       write_blocks: ArraySpec, is_spec: ArraySpec, *,
                                       layer: int, scale: float, use_qk_l2norm: bool,
-                                      layout: str) -> LaunchPlan:
+                                      layout: str, algorithm: str = "recurrent") -> LaunchPlan:
     return _plan_gdn(pool, errors, q, k, v, a, b, A_log, dt_bias, cu_seqlens, read_block,
                      write_blocks, is_spec, layer=layer, scale=scale,
-                     use_qk_l2norm=use_qk_l2norm, layout=layout, fused=True)
+                     use_qk_l2norm=use_qk_l2norm, layout=layout, algorithm=algorithm,
+                     fused=True)
 
 
 _STATICS = (Static("layer", int), Static("scale", float, 0.0),
-            Static("use_qk_l2norm", bool, False), Static("layout", str, "VK"))
+            Static("use_qk_l2norm", bool, False), Static("layout", str, "VK"),
+            Static("algorithm", str, "recurrent"))
 
 _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length rows, for layer
     ``layer`` of a state pool ``[L, NB, HV, V, K]`` (``layout="VK"``, K-last) or ``[L, NB,
@@ -410,6 +459,10 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     write block 0); ``int``: int32 or int64.
     ``scale``: 0 for ``K^-1/2``; ``use_qk_l2norm``: normalise q and k first. Returns ``o``
     ``[T_total, HV, V]`` in ``q``'s dtype; state arithmetic in fp32.
+    ``algorithm``: ``"recurrent"`` (token by token: decode and spec rows) or ``"chunked"``
+    ({chunk} tokens at a time as matrix products, for long prefill rows: the same results
+    within rounding, not the same bits; a row's chunks start at its first token in the
+    launch, so its bits depend on where its tokens were split into launches).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is
@@ -427,7 +480,7 @@ GATED_DELTA_RULE = Op(
     mutates=("pool", "errors"),
     returns=("o",),
     skipped={"o": 0},
-    doc=_DOC.format(gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
+    doc=_DOC.format(chunk=chunked.CHUNK, gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
                           "stride in torch"),
 )
 
@@ -440,7 +493,7 @@ GATED_DELTA_RULE_FUSED_GATES = Op(
     mutates=("pool", "errors"),
     returns=("o",),
     skipped={"o": 0},
-    doc=_DOC.format(gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
+    doc=_DOC.format(chunk=chunked.CHUNK, gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
                           "``[T_total, HV]`` (one row stride in torch) and ``A_log``, "
                           "``dt_bias`` ``[HV]``: ``g = -exp(A_log) * softplus(a + dt_bias)``, "
                           "``beta = sigmoid(b)``"),

@@ -155,6 +155,7 @@ class Reference(Backend):
 
     def gdn(self, pool, q, k, v, gates, cu, rb, wbs, spec, *, layer, **opts):
         out = pool.copy()
+        opts.pop("algorithm", None)  # one reference for both
         if "scale" in opts and not opts["scale"]:
             opts = dict(opts, scale=None)
         o, out[layer], fault = gated_delta_rule_ref(q, k, v, pool[layer], cu, rb, wbs, spec,

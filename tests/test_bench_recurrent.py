@@ -16,7 +16,7 @@ def test_small_run_writes_every_op(tmp_path):
     data = json.loads((tmp_path / "recurrent_h200.json").read_text())
     seen = {(x["op"], x["method"]) for x in data["records"]}
     assert {("gdn", "ours"), ("conv", "ours"), ("conv_sd", "ours"), ("conv_s0", "ours"),
-            ("conv_s0_sd", "ours"), ("prefill", "ours"),
+            ("conv_s0_sd", "ours"), ("prefill", "ours"), ("prefill", "ours_chunked"),
             ("step", "pre_copy"),
             ("step", "copy_free")} <= seen
     import torch

@@ -133,13 +133,13 @@ S = 3
 bf = "bfloat16"
 
 
-def gdn(B):
+def gdn(B, algorithm="recurrent"):
     ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
     return K.plan_gated_delta_rule_fused_gates(
         spec((2, 9, 32, 128, 128), "float32"), spec((2,), "int32"), spec((B, 16, 128), bf),
         spec((B, 16, 128), bf), spec((B, 32, 128), bf), spec((B, 32), bf), spec((B, 32), bf),
         spec((32,), "float32"), spec((32,), "float32"), cu, ids, spec((B, 1 + S), "int32"),
-        ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK")
+        ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK", algorithm=algorithm)
 
 
 def conv(B, T):
@@ -151,7 +151,8 @@ def conv(B, T):
 
 
 # a spec step of the conv: 1 + S tokens per row (256 channels a program)
-plans = {"gdn": gdn(64), "gdn_small": gdn(1), "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
+plans = {"gdn": gdn(64), "gdn_small": gdn(1), "gdn_chunked": gdn(64, "chunked"),
+         "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
 out = {}
 for name, plan in plans.items():
     names = plan.kernel.arg_names
@@ -198,6 +199,12 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
     # update has none
     from mamba_align.kernels.gdn import REGISTER_CAP
     assert gdn["maxnreg"] == [str(REGISTER_CAP)] and conv["maxnreg"] == [], (gdn, conv)
+    # the chunked algorithm: its own kernel, uncapped, its [128, 32] state tile over eight
+    # warps stored as four 16-byte vectors a thread, on every path that stores it (the
+    # spec rows' candidates and the final state)
+    chunked = acc["gdn_chunked"]
+    assert chunked["maxnreg"] == [] and chunked.get("st.global.v4.b32", 0) >= 8, chunked
+    assert chunked.get("ld.global.v4.b32", 0) >= 4, chunked
 
 
 def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):

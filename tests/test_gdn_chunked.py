@@ -1,0 +1,199 @@
+"""The gated delta rule by chunks (``algorithm="chunked"``, kernels/gdn_chunked.py) against
+the float64 reference, from torch and JAX: rows of several chunks (CHUNK tokens each), a ragged
+last chunk, spec rows, one-token and empty rows in one launch. fp32: relative 1e-5 on
+outputs and states; bf16: 3e-2. torch and JAX run the same kernel: bit-identical."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from support import make_backend
+
+from mamba_align.core import Fault, new_errors
+from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
+from mamba_align.kernels.gdn_chunked import CHUNK
+
+L, NB = 2, 12
+# rows: a prefill of 70 tokens (two whole chunks and a ragged one) from a read block; one
+# token from a zero state; a spec row of 3 candidates reading one of its write blocks; an
+# empty row; a prefill of exactly one chunk, reading and writing the same block; a row of
+# a chunk and one token with no write block
+CU = np.array([0, 70, 71, 74, 74, 74 + CHUNK, 75 + 2 * CHUNK])
+RB = np.array([3, -1, 4, 9, 2, 10])
+WBS = np.array([[1, -1, -1], [5, -1, -1], [6, 4, 7], [8, -1, -1], [2, -1, -1], [-1, -1, -1]])
+SPEC = np.array([0, 0, 1, 0, 0, 0])
+WRITTEN = [1, 2, 4, 5, 6, 7]
+
+
+def inputs(rng, cu, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, layout="VK",
+           fused=False, g_range=(0.01, 1.0)):
+    T = int(cu[-1])
+    q, k = (rng.normal(size=(T, H, K)).astype(dtype) for _ in range(2))
+    v = rng.normal(size=(T, HV, V)).astype(dtype)
+    state = (HV, K, V) if layout == "KV" else (HV, V, K)
+    pool = (0.5 * rng.normal(size=(L, NB) + state)).astype(pool_dtype)
+    if fused:
+        gates = {"a": rng.normal(size=(T, HV)), "b": rng.normal(size=(T, HV)),
+                 "A_log": rng.normal(size=HV), "dt_bias": rng.normal(size=HV)}
+    else:
+        gates = {"g": -rng.uniform(*g_range, (T, HV)), "beta": rng.uniform(0, 1, (T, HV))}
+    return pool, q, k, v, {n: x.astype(dtype) for n, x in gates.items()}
+
+
+def close(a, b, tol):
+    scale = max(1.0, float(np.abs(b.astype(np.float64)).max()))
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol,
+                               atol=tol * scale)
+
+
+def run(backend, pool, q, k, v, gates, cu=CU, rb=RB, wbs=WBS, spec=SPEC, **opts):
+    return backend.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, algorithm="chunked", **opts)
+
+
+CASES = [  # H, HV, K, V, layout, fused, l2norm, scale
+    (1, 1, 16, 16, "VK", False, False, 0.0),
+    (2, 4, 12, 20, "VK", True, True, 0.0),  # GVA, odd sizes (masking), in-kernel gates
+    (1, 2, 8, 40, "KV", False, True, 0.5),  # [K, V] states, two value tiles
+]
+
+
+@pytest.mark.parametrize("H,HV,K,V,layout,fused,l2norm,scale", CASES)
+def test_matches_the_reference(device_backend, H, HV, K, V, layout, fused, l2norm, scale):
+    rng = np.random.default_rng(K + V)
+    pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, layout=layout, fused=fused)
+    opts = dict(layer=1, scale=scale, use_qk_l2norm=l2norm, layout=layout)
+    o, out, err = run(device_backend, pool, q, k, v, gates, **opts)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC,
+                                                   **opts)
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+    assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
+    kept = [b for b in range(NB) if b not in WRITTEN]
+    assert (out[0] == pool[0]).all() and (out[1, kept] == pool[1, kept]).all()
+    assert not (out[1, WRITTEN] == pool[1, WRITTEN]).all(axis=(1, 2, 3)).any()
+
+
+@pytest.mark.parametrize("g_range", [(0.0, 1e-3), (2.0, 8.0)], ids=["no decay", "strong decay"])
+def test_long_rows_with_little_or_much_decay(device_backend, g_range):
+    # no decay and beta near 1 make (I + A) the least diagonal; strong decay underflows
+    # exp(G) within a chunk
+    rng = np.random.default_rng(7)
+    cu = np.array([0, 3 * CHUNK + 5])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16, g_range=g_range)
+    gates["beta"] = np.clip(gates["beta"] + 0.5, 0, 1).astype(np.float32)
+    args = (pool, q, k, v, gates, cu, [2], [[3, -1, -1]], [0])
+    o, out, err = run(device_backend, *args, layer=0, use_qk_l2norm=True)
+    ro, rout, _ = make_backend("reference").gdn(*args, layer=0, use_qk_l2norm=True)
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+
+
+def test_bf16_inputs_and_state(device_backend):
+    rng = np.random.default_rng(1)
+    bf = ml_dtypes.bfloat16
+    pool, q, k, v, gates = inputs(rng, CU, 1, 2, 16, 16, dtype=bf, pool_dtype=bf, fused=True)
+    opts = dict(layer=0, use_qk_l2norm=True)
+    o, out, _ = run(device_backend, pool, q, k, v, gates, **opts)
+    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC, **opts)
+    assert o.dtype == bf and out.dtype == bf
+    close(o, ro, 3e-2)
+    close(out, rout, 3e-2)
+
+
+def test_torch_and_jax_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    pool, q, k, v, gates = inputs(rng, CU, 2, 4, 12, 20, fused=True)
+    got = [run(make_backend(b), pool, q, k, v, gates, layer=1, use_qk_l2norm=True)
+           for b in ("torch", "jax")]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
+    rng = np.random.default_rng(3)
+    pool, q, k, v, gates = inputs(rng, CU, 1, 2, 16, 16)
+    o, out, _ = run(device_backend, pool, q, k, v, gates, layer=1)
+    t0, t1 = CU[0], CU[1]
+    o1, out1, _ = run(device_backend, pool, q[t0:t1], k[t0:t1], v[t0:t1],
+                      {n: x[t0:t1] for n, x in gates.items()}, [0, t1 - t0], RB[:1], WBS[:1],
+                      SPEC[:1], layer=1)
+    np.testing.assert_array_equal(o1, o[t0:t1])
+    np.testing.assert_array_equal(out1[1, 1], out[1, 1])
+
+
+def test_a_row_split_over_two_launches_matches_the_reference(device_backend):
+    # chunks start at each launch's first token: 45 tokens, then 40 from the state written
+    rng = np.random.default_rng(8)
+    cu = np.array([0, 85])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16)
+    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, cu, [2], [[3, -1, -1]],
+                                                [0], layer=0)
+    sl = lambda x, a, b: {n: y[a:b] for n, y in x.items()}  # noqa: E731
+    o1, mid, _ = run(device_backend, pool, q[:45], k[:45], v[:45], sl(gates, 0, 45), [0, 45],
+                     [2], [[3, -1, -1]], [0], layer=0)
+    o2, out, _ = run(device_backend, mid, q[45:], k[45:], v[45:], sl(gates, 45, 85), [0, 40],
+                     [3], [[3, -1, -1]], [0], layer=0)
+    close(np.concatenate([o1, o2]), ro, 1e-5)
+    close(out, rout, 1e-5)
+
+
+def test_faulty_rows_are_flagged_and_write_nothing(device_backend):
+    # a read block past NB, a write block below -1, a spec row longer than its window,
+    # then a good prefill row
+    rng = np.random.default_rng(4)
+    cu = np.array([0, 40, 41, 45, 85])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16)
+    rb, wbs = np.array([NB, 1, 2, 3]), np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7],
+                                                 [8, -1, -1]])
+    spec = np.array([0, 0, 1, 0])
+    o, out, err = run(device_backend, pool, q, k, v, gates, cu, rb, wbs, spec, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, cu, rb, wbs, spec,
+                                                   layer=1)
+    assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
+    assert err.tolist() == rerr.tolist() and err[1] == 0
+    assert (o[:45] == 0).all()
+    close(o[45:], ro[45:], 1e-5)
+    assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
+    close(out[1, 8], rout[1, 8], 1e-5)
+
+
+def test_torch_compile_and_jax_jit_give_the_eager_bits():
+    import jax
+    import torch
+
+    from mamba_align.backends.jax import ops as jops
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(11)
+    cu = np.array([0, 40, 41])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
+    ids = (cu, np.array([2, -1]), np.array([[3, -1, -1], [4, -1, -1]]), np.array([0, 0]))
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+
+    def call(p, *arrays):
+        return tops.gated_delta_rule_(p, *arrays, layer=1, algorithm="chunked")["o"]
+
+    arrays = [T(new_errors()), T(q), T(k), T(v), T(gates["g"]), T(gates["beta"])]
+    arrays += [T(a) for a in ids]
+    pe, pc = T(pool.copy()), T(pool.copy())
+    assert torch.equal(call(pe, *arrays), torch.compile(call, fullgraph=True)(
+        pc, *[a.clone() for a in arrays]))
+    assert torch.equal(pe, pc)
+    fn = jax.jit(jops.gated_delta_rule, static_argnames=("layer", "algorithm"),
+                 donate_argnums=(0, 1))
+    A = jax.numpy.asarray  # noqa: N806
+    args = [A(x) for x in (q, k, v, gates["g"], gates["beta"]) + ids]
+    eager = jops.gated_delta_rule(A(pool), A(new_errors()), *args, layer=1, algorithm="chunked")
+    jitted = fn(A(pool), A(new_errors()), *args, layer=1, algorithm="chunked")
+    for name in ("o", "pool", "errors"):
+        np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))
+
+
+def test_an_unknown_algorithm_is_refused():
+    spec = ArraySpec.row_major
+    f32, ids = "float32", spec((1,), "int64")
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        plan_gated_delta_rule(spec((L, NB, 1, 8, 8), f32), spec((2,), "int32"),
+                              spec((1, 1, 8), f32), spec((1, 1, 8), f32), spec((1, 1, 8), f32),
+                              spec((1, 1), f32), spec((1, 1), f32), spec((2,), "int64"), ids,
+                              spec((1, 1), "int64"), ids, layer=0, scale=0.0,
+                              use_qk_l2norm=False, layout="VK", algorithm="parallel")
