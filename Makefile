@@ -56,6 +56,7 @@ gpu-setup:
 # the suite in three parts, each of which fits one 600 s device call (gpu-test: all three);
 # the junit XML names every test that ran
 GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py tests/test_gdn.py \
+	tests/test_gdn_chunked.py \
 	tests/test_conv1d.py tests/test_conv1d_words.py tests/test_recurrent_gpu.py tests/test_codegen.py
 GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
 	tests/test_bench_serving.py tests/test_bench_recurrent.py tests/test_scenarios.py

@@ -50,7 +50,7 @@ def start():
     return pools, bt, w, cb
 
 
-def run_torch(mode):
+def run_torch(mode, algorithm="recurrent"):
     from mamba_align.backends.torch import (StateRunner, conv1d_update_, gated_delta_rule_,
                                             selective_state_update_)
     pools, bt, w, cb = start()
@@ -76,7 +76,7 @@ def run_torch(mode):
                            layout="SD")["y"]
         o = gated_delta_rule_(pools["ssm"], errors, inp["q"], inp["k"], inp["v"], inp["g"],
                               inp["beta"], cu, blocks.temporal_read, blocks.temporal_write,
-                              spec, layer=0)["o"]
+                              spec, layer=0, algorithm=algorithm)["o"]
         ym = selective_state_update_(pools["mamba"], errors, *ssu, cu, blocks.temporal_read,
                                      blocks.temporal_write, spec, layer=0)["y"]
         cache = runner.postprocess(pools, idx, ql, spec, ns, btt)
@@ -85,7 +85,7 @@ def run_torch(mode):
     return trace, {n: p.cpu().numpy() for n, p in pools.items()}, crossings
 
 
-def run_jax(mode):
+def run_jax(mode, algorithm="recurrent"):
     import jax.numpy as jnp
 
     from mamba_align.backends import jax as mj
@@ -111,7 +111,7 @@ def run_jax(mode):
                               layer=0, layout="SD")
         t = ops.gated_delta_rule(pools["ssm"], c["errors"], inp["q"], inp["k"], inp["v"],
                                  inp["g"], inp["beta"], cu, blocks.temporal_read,
-                                 blocks.temporal_write, spec, layer=0)
+                                 blocks.temporal_write, spec, layer=0, algorithm=algorithm)
         m = ops.selective_state_update(pools["mamba"], t["errors"], *ssu, cu,
                                        blocks.temporal_read, blocks.temporal_write, spec, layer=0)
         pools, errors = {"conv": c["pool"], "ssm": t["pool"], "mamba": m["pool"]}, m["errors"]
@@ -122,10 +122,12 @@ def run_jax(mode):
     return trace, {n: np.asarray(p) for n, p in pools.items()}, None
 
 
-@pytest.mark.parametrize("run", [run_torch, run_jax], ids=["torch", "jax"])
-def test_pre_copy_and_copy_free_compute_the_same_bits(run):
-    pre, pre_pools, crossings = run("pre-copy")
-    free, free_pools, _ = run("copy-free")
+@pytest.mark.parametrize("run,algorithm", [(run_torch, "recurrent"), (run_jax, "recurrent"),
+                                           (run_torch, "chunked")],
+                         ids=["torch", "jax", "torch-chunked"])
+def test_pre_copy_and_copy_free_compute_the_same_bits(run, algorithm):
+    pre, pre_pools, crossings = run("pre-copy", algorithm)
+    free, free_pools, _ = run("copy-free", algorithm)
     if crossings is not None:
         assert crossings >= 4  # the sequence exercises the modes' difference
     caches = 0
