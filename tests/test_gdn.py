@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import triton
 import triton.language as tl
+from gdn_cases import CASES, L, NB, close, gdn_inputs
 from seqlens_cases import SEQLENS_CASES, check_seqlens_launch, seqlens_case
 from support import make_backend
 
@@ -16,7 +17,7 @@ from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
 from mamba_align.kernels.gdn import STREAM_BELOW
 from mamba_align.kernels.recurrent import softplus
 
-L, NB, S = 2, 12, 2
+S = 2
 SENTINEL = -7.25
 # rows: a fresh prefill of 5 tokens; decode reading and writing the same block; a spec
 # row of 1 + S candidates reading one of its write blocks; a spec row of 1 with its other
@@ -27,30 +28,8 @@ WBS = np.array([[1, -1, -1], [2, -1, -1], [5, 4, 6], [8, -1, -1], [3, -1, -1], [
 SPEC = np.array([0, 0, 1, 1, 0, 0])
 
 
-def inputs(rng, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, layout="VK",
-           fused=False):
-    T = int(CU[-1])
-    q, k = (rng.normal(size=(T, H, K)).astype(dtype) for _ in range(2))
-    v = rng.normal(size=(T, HV, V)).astype(dtype)
-    state = (HV, K, V) if layout == "KV" else (HV, V, K)
-    pool = (0.5 * rng.normal(size=(L, NB) + state)).astype(pool_dtype)
-    if fused:
-        gates = {"a": rng.normal(size=(T, HV)), "b": rng.normal(size=(T, HV)),
-                 "A_log": rng.normal(size=HV), "dt_bias": rng.normal(size=HV)}
-    else:
-        gates = {"g": -rng.uniform(0.01, 1, (T, HV)), "beta": rng.uniform(0, 1, (T, HV))}
-    return pool, q, k, v, {n: x.astype(dtype) for n, x in gates.items()}
-
-
-def close(a, b, tol):
-    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
-
-
-CASES = [  # H, HV, K, V, layout, fused, l2norm, scale
-    (1, 1, 16, 16, "VK", False, False, 0.0),
-    (2, 4, 12, 20, "VK", True, True, 0.0),  # GVA, odd sizes (masking), in-kernel gates
-    (1, 2, 8, 40, "KV", False, True, 0.5),  # [K, V] states, two value tiles
-]
+def inputs(rng, *args, **kw):
+    return gdn_inputs(rng, int(CU[-1]), *args, **kw)
 
 
 @pytest.mark.parametrize("H,HV,K,V,layout,fused,l2norm,scale", CASES)

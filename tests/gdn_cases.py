@@ -1,0 +1,38 @@
+"""Inputs of the gated delta rule's tests (test_gdn.py, test_gdn_chunked.py): random
+arrays for a launch of ``T`` tokens, the head-size cases both run, and their comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+
+L, NB = 2, 12  # layers and blocks of the state pool
+
+CASES = [  # H, HV, K, V, layout, fused, l2norm, scale
+    (1, 1, 16, 16, "VK", False, False, 0.0),
+    (2, 4, 12, 20, "VK", True, True, 0.0),  # GVA, odd sizes (masking), in-kernel gates
+    (1, 2, 8, 40, "KV", False, True, 0.5),  # [K, V] states, two value tiles
+]
+
+
+def gdn_inputs(rng, T, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, layout="VK",
+               fused=False, g_range=(0.01, 1.0)):
+    """``(pool [L, NB, HV, ...], q, k, v, gates)`` for ``T`` tokens: the gates as ``g``
+    (``-g`` drawn from ``g_range``) and ``beta``, or with ``fused`` as ``a``, ``b``,
+    ``A_log``, ``dt_bias``."""
+    q, k = (rng.normal(size=(T, H, K)).astype(dtype) for _ in range(2))
+    v = rng.normal(size=(T, HV, V)).astype(dtype)
+    state = (HV, K, V) if layout == "KV" else (HV, V, K)
+    pool = (0.5 * rng.normal(size=(L, NB) + state)).astype(pool_dtype)
+    if fused:
+        gates = {"a": rng.normal(size=(T, HV)), "b": rng.normal(size=(T, HV)),
+                 "A_log": rng.normal(size=HV), "dt_bias": rng.normal(size=HV)}
+    else:
+        gates = {"g": -rng.uniform(*g_range, (T, HV)), "beta": rng.uniform(0, 1, (T, HV))}
+    return pool, q, k, v, {n: x.astype(dtype) for n, x in gates.items()}
+
+
+def close(a, b, tol, scaled=False):
+    """``a`` within ``tol`` of ``b`` relatively, and absolutely near zero (``scaled``: within
+    ``tol`` times ``b``'s largest magnitude, for states that grow over long rows)."""
+    atol = tol * max(1.0, float(np.abs(b.astype(np.float64)).max())) if scaled else tol
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=atol)
