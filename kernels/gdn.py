@@ -6,6 +6,9 @@ program loads its ``[BV, K]`` slice of the row's initial state (zero without a r
 block) completely, then runs the row's tokens in order in fp32, storing ``o`` per token
 and the state to the row's write blocks: after every token on spec rows, once at the end
 otherwise. Tiles never depend on the batch, so a row's bits do not either.
+
+``algorithm="chunked"`` launches the same grid with :mod:`.gdn_chunked`'s body instead (a
+row's tokens by chunks, as matrix products); its kernels carry no register cap.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
                    next_pow2, pool_scalars)
-from .recurrent import (STATES, candidate_block, clear_faulty_row, head_offset, head_program,
-                        recurrent_fault, recurrent_row, softplus)
+from .recurrent import (STATES, candidate_block, clear_faulty_row, decay_gates, head_offset,
+                        head_program, recurrent_fault, recurrent_row)
 from .rows import aligned_base, flag_row
 
 LAYOUTS = ("VK", "KV")
@@ -127,6 +130,8 @@ def _gdn(
     h = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + h_offs,
                 mask=hmask & (rb >= 0) & (rb < num_blocks), other=0,
                 eviction_policy="evict_first" if STREAM else "").to(tl.float32)
+    A = 0.0  # the decay rate, exp(A_log)
+    dt_bias = 0.0
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
         dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
@@ -158,13 +163,7 @@ def _gdn(
                 i_hv, qk_stride_t, v_stride_t, gate_stride, kk, vt, kmask, vmask, QK_ALIGN,
                 V_ALIGN)
             qf, kf, vf = q.to(tl.float32), k.to(tl.float32), v.to(tl.float32)
-            if FUSED_GATES:
-                x = ga.to(tl.float32) + dt_bias
-                g = -A * softplus(x)
-                beta = tl.sigmoid(gb.to(tl.float32))
-            else:
-                g = ga.to(tl.float32)
-                beta = gb.to(tl.float32)
+            g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
             if L2NORM:
                 qf = qf / tl.sqrt(tl.sum(qf * qf, axis=0) + 1e-6)
                 kf = kf / tl.sqrt(tl.sum(kf * kf, axis=0) + 1e-6)
@@ -258,12 +257,11 @@ def gated_delta_rule_kernel(
     GROUP: tl.constexpr,
     CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _body(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, read_block_ptr,
-         write_blocks_ptr,
-         is_spec_ptr, num_tokens, qk_stride_t,
-         qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
-         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+    _body(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr,
+          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
+          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+          WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
           GROUP, CHUNK)
 
 
@@ -313,12 +311,11 @@ def gated_delta_rule_fused_gates_kernel(
     GROUP: tl.constexpr,
     CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _body(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, read_block_ptr,
-         write_blocks_ptr,
-         is_spec_ptr, num_tokens, qk_stride_t,
-         qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
-         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+    _body(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
+          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+          WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
           GROUP, CHUNK)
 
 
@@ -328,6 +325,10 @@ gated_delta_rule_kernel = same_binary_jit(gated_delta_rule_kernel)
 gated_delta_rule_fused_gates_kernel = same_binary_jit(gated_delta_rule_fused_gates_kernel)
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
 gated_delta_rule_fused_gates_kernel.maxnreg = REGISTER_CAP
+_KERNELS = {  # (in-kernel gates, chunked)
+    (False, False): gated_delta_rule_kernel, (True, False): gated_delta_rule_fused_gates_kernel,
+    (False, True): gated_delta_rule_chunked_kernel,
+    (True, True): gated_delta_rule_fused_gates_chunked_kernel}
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
@@ -384,12 +385,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)
     align = largest_align((scal["layer_stride"], scal["block_stride"], pool.strides[2]), 16)
     gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
-    kernels = {(False, False): gated_delta_rule_kernel,
-               (True, False): gated_delta_rule_fused_gates_kernel,
-               (False, True): gated_delta_rule_chunked_kernel,
-               (True, True): gated_delta_rule_fused_gates_chunked_kernel}
     return LaunchPlan(
-        kernel=kernels[fused, chunk > 0],
+        kernel=_KERNELS[fused, chunk > 0],
         grid=(max(1, rows * HV * tiles),),
         inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
                                                             "write_blocks", "is_spec"),

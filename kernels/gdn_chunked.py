@@ -6,18 +6,20 @@ as matrix products instead of one by one. For prefill rows: the recurrence then 
 state updates.
 
 Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, normalised), with
-``G`` the running sum of the log decays ``g``, ``S0`` the state ``[K, V]`` at the chunk's
-start, the delta rule's per-token corrections ``U`` ``[C, V]`` solve the unit lower
-triangular system ``(I + A) U = beta * v - (beta * exp(G) * k) S0`` with
-``A[i, j] = beta_i (k_i . k_j) exp(G_i - G_j)`` for ``j < i``. Then:
+``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... + g_i`` and ``S0`` the
+state ``[K, V]`` at the chunk's start, the delta rule's per-token corrections ``U``
+``[C, V]`` solve the unit lower triangular system
+``(I + M) U = beta * v - (beta * exp(G) * k) S0`` with
+``M[i, j] = beta_i (k_i . k_j) exp(D[i, j])`` for ``j < i``. Then:
 
-- ``o_i = exp(G_i) q_i S0 + sum_{j <= i} exp(G_i - G_j) (q_i . k_j) U_j``;
-- the state after token ``i``: ``exp(G_i) S0 + sum_{j <= i} exp(G_i - G_j) k_j U_j^T``
+- ``o_i = exp(G_i) q_i S0 + sum_{j <= i} exp(D[i, j]) (q_i . k_j) U_j``;
+- the state after token ``i``: ``exp(G_i) S0 + sum_{j <= i} exp(D[i, j]) k_j U_j^T``
   (every candidate of a spec row; the last token's for the next chunk).
 
-``(I + A)^-1`` comes from forward substitution, one row per loop trip. Every product is an
-fp32 ``tl.dot`` at IEEE precision, so the rounding is the recurrence's order of magnitude
-(not its bits: the two algorithms sum in different orders). Tiles never depend on the batch.
+``(I + M)^-1`` comes from forward substitution, one row per loop trip. The products are
+``tl.dot`` in fp32 at ``DOT_PRECISION``, so the rounding is the recurrence's order of
+magnitude, not its bits (the two algorithms sum in different orders). Tiles never depend on
+the batch.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent import candidate_block, clear_faulty_row, head_offset, head_program, \
-    recurrent_fault, recurrent_row, softplus
+from .recurrent import candidate_block, clear_faulty_row, decay_gates, head_offset, \
+    head_program, recurrent_fault, recurrent_row
 from .rows import aligned_base, flag_row
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
@@ -46,13 +48,9 @@ def _dot(a, b):
 def _chunk_gates(gate_a_ptr, gate_b_ptr, t, live, gate_stride, i_hv, A, dt_bias,
                  FUSED_GATES: tl.constexpr):
     """The chunk's log decays ``g`` and ``beta`` ``[CHUNK]`` (fp32), zero past the row."""
-    ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0).to(tl.float32)
-    gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0).to(tl.float32)
-    if FUSED_GATES:
-        g = -A * softplus(ga + dt_bias)
-        beta = tl.sigmoid(gb)
-    else:
-        g, beta = ga, gb
+    ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0)
+    gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0)
+    g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
     return tl.where(live, g, 0.0), tl.where(live, beta, 0.0)
 
 
@@ -81,7 +79,7 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                 ALIGN: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
                 HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One program: a row's value head ``i_hv``, value columns ``[i_v BV, (i_v + 1) BV)``,
-    all its tokens, ``CHUNK`` at a time (the module's docstring)."""
+    all its tokens, ``CHUNK`` at a time (the module's docstring); the arrays are :func:`.gdn._gdn`'s."""
     row, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
     i_h = i_hv // GROUP
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
@@ -99,7 +97,7 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
     # the state [BK, BV] (k, v), loaded whole before any store, as in .gdn
     s = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + s_offs,
                 mask=smask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
-    A = 0.0
+    A = 0.0  # the decay rate, exp(A_log)
     dt_bias = 0.0
     if FUSED_GATES:
         A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
@@ -132,12 +130,15 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                 q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
             q = q * scale
-            G = tl.cumsum(g, axis=0)  # past the row g = 0: G stays at the last token's
-            # exp(G_i - G_j) for j <= i, 0 above the diagonal (never exp of a large positive)
-            decay = tl.exp(tl.where(causal, G[:, None] - G[None, :], float("-inf")))
+            # each decay a sum of its own (G from the chunk's start, D between two tokens):
+            # a difference of two running sums loses a small decay next to a large one, and
+            # -inf - -inf is a NaN. Past the row g = 0, so the sums stop at its last token.
+            G = tl.cumsum(g, axis=0)
+            D = tl.cumsum(tl.where(r[:, None] > r[None, :], g[:, None], 0.0), axis=0)
+            decay = tl.where(causal, tl.exp(D), 0.0)  # exp(D[i, j]) for j <= i
             kb = k * beta[:, None]
-            a = tl.where(r[:, None] > r[None, :], _dot(kb, tl.trans(k)) * decay, 0.0)
-            inv = _unit_lower_inverse(a, CHUNK)
+            m = tl.where(r[:, None] > r[None, :], _dot(kb, tl.trans(k)) * decay, 0.0)
+            inv = _unit_lower_inverse(m, CHUNK)
             eG = tl.exp(G)
             u = _dot(inv, v * beta[:, None] - _dot(kb * eG[:, None], s))
             qk = tl.where(causal, _dot(q, tl.trans(k)) * decay, 0.0)
@@ -147,13 +148,14 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
             if spec:  # every candidate: the state after token c + j
                 for j in range(0, tl.minimum(CHUNK, n - c)):
                     Gj = tl.sum(tl.where(r == j, G, 0.0), axis=0)
-                    kj = k * tl.where(r <= j, tl.exp(Gj - G), 0.0)[:, None]
-                    sj = tl.exp(Gj) * s + _dot(tl.trans(kj), u)
+                    Dj = tl.sum(tl.where(r[:, None] == j, decay, 0.0), axis=0)  # row j
+                    sj = tl.exp(Gj) * s + _dot(tl.trans(k * Dj[:, None]), u)
                     wj = candidate_block(jw, wb, spec, c + j)
                     tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
                              sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
             G_last = tl.sum(tl.where(r == CHUNK - 1, G, 0.0), axis=0)
-            s = tl.exp(G_last) * s + _dot(tl.trans(k * tl.exp(G_last - G)[:, None]), u)
+            D_last = tl.sum(tl.where(r[:, None] == CHUNK - 1, decay, 0.0), axis=0)
+            s = tl.exp(G_last) * s + _dot(tl.trans(k * D_last[:, None]), u)
         if ~spec & (n > 0):
             w0 = candidate_block(jw, wb, spec, 0)
             tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,

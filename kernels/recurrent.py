@@ -1,7 +1,7 @@
 """What the recurrent kernels (the gated delta rule, Mamba2's selective state update) share:
 one program per (row, head, tile of state rows) on grid axis 0, a row's tokens and blocks
 (docs/semantics.md §4), its fault bits, the zeroing of a faulty row's outputs, the state's
-head offset, the block each candidate goes to, and the gates' softplus.
+head offset, the block each candidate goes to, and the gates.
 """
 
 from __future__ import annotations
@@ -81,6 +81,20 @@ def candidate_block(jw, wb, spec, j):
     """The write block of token ``j``'s state (:func:`recurrent_row`'s ``wb``): candidate
     ``j`` on a spec row, write block 0 otherwise (stored only after the last token)."""
     return tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
+
+
+@triton.jit
+def decay_gates(ga, gb, A, dt_bias, FUSED_GATES: tl.constexpr):
+    """``(g, beta)`` in fp32 from a token's two gate inputs (any shape): given as they are,
+    or, ``FUSED_GATES`` (Qwen3-Next), ``g = -A * softplus(a + dt_bias)`` and
+    ``beta = sigmoid(b)`` with ``A = exp(A_log)``."""
+    if FUSED_GATES:
+        g = -A * softplus(ga.to(tl.float32) + dt_bias)
+        beta = tl.sigmoid(gb.to(tl.float32))
+    else:
+        g = ga.to(tl.float32)
+        beta = gb.to(tl.float32)
+    return g, beta
 
 
 @triton.jit

@@ -6,8 +6,7 @@ outputs and states; bf16: 3e-2. torch and JAX run the same kernel: bit-identical
 import ml_dtypes
 import numpy as np
 import pytest
-from gdn_cases import CASES, L, NB, gdn_inputs
-from gdn_cases import close as gdn_close
+from gdn_cases import CASES, L, NB, close, gdn_inputs
 from support import make_backend
 
 from mamba_align.core import Fault, new_errors
@@ -25,12 +24,11 @@ SPEC = np.array([0, 0, 1, 0, 0, 0])
 WRITTEN = [1, 2, 4, 5, 6, 7]
 
 
-def inputs(rng, cu, *args, **kw):
-    return gdn_inputs(rng, int(cu[-1]), *args, **kw)
-
-
-def close(a, b, tol):
-    gdn_close(a, b, tol, scaled=True)  # long rows without l2norm grow to ~1e3
+def inputs(rng, cu, H, HV, K, V, **kw):
+    """gdn_cases' inputs with keys of about unit length, as a model's are: raw normal keys
+    make the delta rule grow without bound over rows this long (without l2norm)."""
+    pool, q, k, v, gates = gdn_inputs(rng, int(cu[-1]), H, HV, K, V, **kw)
+    return pool, q, (k.astype(np.float32) * K ** -0.5).astype(k.dtype), v, gates
 
 
 def run(backend, pool, q, k, v, gates, cu=CU, rb=RB, wbs=WBS, spec=SPEC, **opts):
@@ -53,17 +51,52 @@ def test_matches_the_reference(device_backend, H, HV, K, V, layout, fused, l2nor
     assert not (out[1, WRITTEN] == pool[1, WRITTEN]).all(axis=(1, 2, 3)).any()
 
 
-@pytest.mark.parametrize("g_range", [(0.0, 1e-3), (2.0, 8.0)], ids=["no decay", "strong decay"])
-def test_long_rows_with_little_or_much_decay(device_backend, g_range):
-    # no decay and beta near 1 make (I + A) the least diagonal; strong decay underflows
-    # exp(G) within a chunk
+def mixed(g):  # every 8th token a decay of e^-500, the others almost none
+    g = np.full_like(g, -1e-3)
+    g[::8] = -500
+    return g
+
+
+def infinite(g):  # one token forgets the state whole (g = -inf)
+    g = g.copy()
+    g[5] = -np.inf
+    return g
+
+
+@pytest.mark.parametrize("g_range,change", [((0.0, 1e-3), None), ((2.0, 8.0), None),
+                                            ((0.0, 1.0), mixed), ((0.0, 1.0), infinite)],
+                         ids=["no decay", "strong decay", "mixed decays", "infinite decay"])
+def test_long_rows_with_little_or_much_decay(device_backend, g_range, change):
+    # no decay and beta near 1 make (I + M) the least diagonal; strong decay underflows
+    # exp(G) within a chunk; a large decay next to small ones, or an infinite one, is
+    # exact only when each decay is summed by itself (not as a difference of running sums)
     rng = np.random.default_rng(7)
     cu = np.array([0, 3 * CHUNK + 5])
     pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16, g_range=g_range)
     gates["beta"] = np.clip(gates["beta"] + 0.5, 0, 1).astype(np.float32)
+    if change is not None:
+        gates["g"] = change(gates["g"])
     args = (pool, q, k, v, gates, cu, [2], [[3, -1, -1]], [0])
     o, out, err = run(device_backend, *args, layer=0, use_qk_l2norm=True)
     ro, rout, _ = make_backend("reference").gdn(*args, layer=0, use_qk_l2norm=True)
+    assert np.isfinite(o).all() and np.isfinite(out).all()
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+
+
+def test_spec_rows_longer_than_a_chunk(device_backend):
+    # a window of 20 write blocks: spec rows of 20 and 17 tokens, each candidate's state
+    # from the chunk that holds its token
+    rng = np.random.default_rng(9)
+    win = 20
+    cu = np.array([0, win, win + 17])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
+    pool = np.concatenate([pool] * 4, axis=1)  # 48 blocks
+    wbs = np.array([np.arange(1, 1 + win), np.r_[np.arange(24, 24 + 17), [-1] * 3]])
+    args = (pool, q, k, v, gates, cu, [0, 44], wbs, [1, 1])
+    o, out, err = run(device_backend, *args, layer=1, use_qk_l2norm=True)
+    ro, rout, _ = make_backend("reference").gdn(*args, layer=1, use_qk_l2norm=True)
+    assert err.tolist() == [0, 2**31 - 1]
     close(o, ro, 1e-5)
     close(out, rout, 1e-5)
 

@@ -167,6 +167,41 @@ def test_a_batched_dot_adds_the_products_to_its_accumulator():
     np.testing.assert_allclose(c.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
+@triton.jit
+def _dot_at(a_ptr, b_ptr, c_ptr, PRECISION: tl.constexpr):
+    o = tl.arange(0, 16)[:, None] * 16 + tl.arange(0, 16)[None, :]
+    c = tl.dot(tl.load(a_ptr + o), tl.load(b_ptr + o), input_precision=PRECISION)
+    tl.store(c_ptr + o, c)
+
+
+def tf32(x):  # nearest, ties away from zero: the bits below the 10-bit mantissa dropped
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
+def test_a_float32_dot_rounds_its_inputs_as_its_precision_asks(precision):
+    # the GPU's tensor cores: TF32 rounds each input to 10 mantissa bits; TF32x3 adds the
+    # products with each input's TF32 remainder; IEEE multiplies exactly
+    rng = np.random.default_rng(1)
+    a, b = (rng.normal(size=(16, 16)).astype(np.float32) for _ in range(2))
+    a[0, 0], b[0, 0] = 1 + 2**-11, 1  # a tie: rounds away from zero in TF32
+    c = torch.zeros(16, 16)
+    _dot_at[(1,)](torch.from_numpy(a), torch.from_numpy(b), c, precision)
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    if precision == "ieee":
+        want = a64 @ b64
+    elif precision == "tf32":
+        want = tf32(a) @ tf32(b)
+    else:
+        ra, rb = tf32(a - tf32(a)), tf32(b - tf32(b))
+        want = tf32(a) @ tf32(b) + ra @ tf32(b) + tf32(a) @ rb
+    np.testing.assert_array_equal(c.numpy(), want.astype(np.float32))
+    exact = a64 @ b64
+    err = np.abs(c.numpy() - exact).max()
+    assert (err > 1e-4) if precision == "tf32" else (err < 1e-5), err
+
+
 def test_a_launch_swaps_once_and_its_helper_calls_skip_the_swap(swaps):
     x = torch.zeros(1)
     _twice_plus_one[(1,)](x)
