@@ -31,8 +31,6 @@ def gdn_inputs(rng, T, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, lay
     return pool, q, k, v, {n: x.astype(dtype) for n, x in gates.items()}
 
 
-def close(a, b, tol, scaled=False):
-    """``a`` within ``tol`` of ``b`` relatively, and absolutely near zero (``scaled``: within
-    ``tol`` times ``b``'s largest magnitude, for states that grow over long rows)."""
-    atol = tol * max(1.0, float(np.abs(b.astype(np.float64)).max())) if scaled else tol
-    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=atol)
+def close(a, b, tol):
+    """``a`` within ``tol`` of ``b`` relatively, and absolutely near zero."""
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
