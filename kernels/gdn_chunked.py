@@ -45,13 +45,21 @@ def _dot(a, b):
 
 
 @triton.jit
-def _chunk_gates(gate_a_ptr, gate_b_ptr, t, live, gate_stride, i_hv, A, dt_bias,
-                 FUSED_GATES: tl.constexpr):
-    """The chunk's log decays ``g`` and ``beta`` ``[CHUNK]`` (fp32), zero past the row."""
+def _chunk_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head,
+                  i_hv, qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask,
+                  QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr, BV: tl.constexpr):
+    """The tokens ``t``'s (``[CHUNK]``) q, k ``[CHUNK, BK]``, v ``[CHUNK, BV]`` and two gates
+    ``[CHUNK]``, as stored, zero where ``live`` is false."""
+    qk_rows = aligned_base(qk_head, t, qk_stride_t, QK_ALIGN)
+    qk_mask = live[:, None] & kmask[None, :]
+    q = tl.load(q_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask, other=0)
+    k = tl.load(k_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask, other=0)
+    v_rows = aligned_base(v_head, t, v_stride_t, V_ALIGN)
+    v = tl.load(v_ptr + v_rows[:, None] + tl.arange(0, BV)[None, :],
+                mask=live[:, None] & vmask[None, :], other=0)
     ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0)
     gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0)
-    g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
-    return tl.where(live, g, 0.0), tl.where(live, beta, 0.0)
+    return q, k, v, ga, gb
 
 
 @triton.jit
@@ -112,20 +120,24 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
         tl.debug_barrier()  # the whole initial state is loaded before any store
         r = tl.arange(0, CHUNK)
         causal = r[:, None] >= r[None, :]
+        qk_head = i_h * qk_stride_h
+        v_head = i_hv * v_stride_h + i_v * BV
+        t = t0 + r.to(tl.int64)
+        live = r < n
+        q_in, k_in, v_in, ga, gb = _chunk_inputs(
+            q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head, i_hv,
+            qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask, QK_ALIGN, V_ALIGN, BV)
         for c in range(0, n, CHUNK):
-            t = t0 + c + r.to(tl.int64)
-            live = c + r < n
-            qk_rows = aligned_base(i_h * qk_stride_h, t, qk_stride_t, QK_ALIGN)
-            qk_mask = live[:, None] & kmask[None, :]
-            q = tl.load(q_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask,
-                        other=0).to(tl.float32)
-            k = tl.load(k_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask,
-                        other=0).to(tl.float32)
-            v_rows = aligned_base(i_hv * v_stride_h + i_v * BV, t, v_stride_t, V_ALIGN)
-            v = tl.load(v_ptr + v_rows[:, None] + tl.arange(0, BV)[None, :],
-                        mask=live[:, None] & vmask[None, :], other=0).to(tl.float32)
-            g, beta = _chunk_gates(gate_a_ptr, gate_b_ptr, t, live, gate_stride, i_hv, A,
-                                   dt_bias, FUSED_GATES)
+            # the next chunk's inputs, loaded while this one computes
+            t_next = t + CHUNK
+            live_next = c + CHUNK + r < n
+            q_nx, k_nx, v_nx, ga_nx, gb_nx = _chunk_inputs(
+                q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t_next, live_next, qk_head,
+                v_head, i_hv, qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask, QK_ALIGN,
+                V_ALIGN, BV)
+            q, k, v = q_in.to(tl.float32), k_in.to(tl.float32), v_in.to(tl.float32)
+            g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
+            g, beta = tl.where(live, g, 0.0), tl.where(live, beta, 0.0)  # none past the row
             if L2NORM:
                 q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
@@ -156,6 +168,8 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
             G_last = tl.sum(tl.where(r == CHUNK - 1, G, 0.0), axis=0)
             D_last = tl.sum(tl.where(r[:, None] == CHUNK - 1, decay, 0.0), axis=0)
             s = tl.exp(G_last) * s + _dot(tl.trans(k * D_last[:, None]), u)
+            t, live = t_next, live_next
+            q_in, k_in, v_in, ga, gb = q_nx, k_nx, v_nx, ga_nx, gb_nx
         if ~spec & (n > 0):
             w0 = candidate_block(jw, wb, spec, 0)
             tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
