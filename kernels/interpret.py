@@ -25,9 +25,9 @@ never depends on the other rows, :mod:`.dense`) then held on some CPUs only.
 :func:`install` makes a ``tl.dot`` of float16 / float32 / float64 inputs multiply in
 float64 (exact for float32 and narrower) and sum each output over ``K`` on its own (no
 BLAS), rounded once to the accumulator's dtype before it is added, as before. The
-interpreter also ignored ``input_precision``: float32 products asked at TF32 or TF32x3 are
-rounded as the GPU's tensor cores round them (the chunked gated delta rule's). Compiled
-kernels are untouched.
+interpreter also ignored ``input_precision``: float32 products asked at TF32 or TF32x3 now
+cut their inputs as the compiled products do (the chunked gated delta rule's), so the CPU
+tests see that error. Compiled kernels are untouched.
 
 The interpreter narrows float32 to bfloat16 by dropping the low 16 bits (its
 round-to-nearest mode, for an explicit ``fp_downcast_rounding="rtne"``, rounds ties up
@@ -66,11 +66,12 @@ def _index(self) -> int:
     return int(self.handle.data.item())
 
 
-def _tf32(x: np.ndarray) -> np.ndarray:
-    """float32 ``x`` rounded to TF32 (10 mantissa bits), to nearest with ties away from zero,
-    as the GPU's ``cvt.rna.tf32.f32``; as float64."""
+def _tf32(x: np.ndarray, nearest: bool = True) -> np.ndarray:
+    """float32 ``x`` cut to TF32 (10 mantissa bits), as float64: rounded to nearest with ties
+    away from zero (the GPU's ``cvt.rna.tf32.f32``), or truncated (what a TF32 tensor-core
+    product does to an fp32 operand)."""
     u = np.asarray(x, np.float32).view(np.uint32)
-    r = ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    r = ((u + np.uint32(0x1000 if nearest else 0)) & np.uint32(0xFFFFE000)).view(np.float32)
     return np.where(np.isfinite(x), r, x).astype(np.float64)
 
 
@@ -81,12 +82,15 @@ def _matmul(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _row_invariant_dot(dot):
     """The interpreter's ``create_dot`` with floating-point products summed without BLAS:
     ``a @ b`` in float64, each output summed over ``K`` by itself, rounded to ``d``'s dtype,
-    plus ``d``. With ``input_precision`` TF32 the inputs are rounded to TF32 first, and with
-    TF32x3 the product is the GPU's three TF32 products (each input split into a TF32 part
-    and a TF32 remainder, the remainders' product dropped), so that a kernel's CPU tests see
-    the rounding its compiled products have. Integer, bfloat16 and 8-bit float inputs, which
-    the interpreter holds as integers, go to ``dot`` (the kernels widen bfloat16 to float32
-    before a product)."""
+    plus ``d``. A product at TF32 or TF32x3 precision first cuts its inputs as Triton's
+    compiled one does: TF32 hands the fp32 inputs to the tensor cores, which keep 10
+    mantissa bits (truncated); TF32x3 splits each input into its nearest TF32 value and the
+    remainder (truncated by the tensor cores in turn), adds the two products with a
+    remainder (a NaN among them made 0) to the big parts' product, and drops the
+    remainders' product. The sums stay float64 (the GPU sums in fp32, in its own order): the
+    CPU tests see the error the inputs' cuts make, not the GPU's bits. Integer, bfloat16
+    and 8-bit float inputs, which the interpreter holds as integers, go to ``dot`` (the
+    kernels widen bfloat16 to float32 before a product)."""
     precision = tl.core.ir.INPUT_PRECISION
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
@@ -94,11 +98,14 @@ def _row_invariant_dot(dot):
         if x.dtype.kind != "f" or y.dtype.kind != "f":
             return dot(self, a, b, d, input_precision, max_num_imprecise_acc)
         if input_precision == precision.TF32 and x.dtype == y.dtype == np.float32:
-            prod = _matmul(_tf32(x), _tf32(y))
+            prod = _matmul(_tf32(x, nearest=False), _tf32(y, nearest=False))
         elif input_precision == precision.TF32x3 and x.dtype == y.dtype == np.float32:
             xb, yb = _tf32(x), _tf32(y)
-            xs, ys = _tf32(x - xb.astype(np.float32)), _tf32(y - yb.astype(np.float32))
-            prod = _matmul(xs, yb) + _matmul(xb, ys) + _matmul(xb, yb)
+            with np.errstate(invalid="ignore"):  # inf - inf: a NaN remainder, made 0 below
+                xs = _tf32(x - xb.astype(np.float32), nearest=False)
+                ys = _tf32(y - yb.astype(np.float32), nearest=False)
+                small = _matmul(xs, yb) + _matmul(xb, ys)
+                prod = np.where(np.isnan(small), 0.0, small) + _matmul(xb, yb)
         else:
             prod = _matmul(x.astype(np.float64), y.astype(np.float64))
         return _interpreter.TensorHandle(prod.astype(d.data.dtype) + d.data, d.dtype.scalar)

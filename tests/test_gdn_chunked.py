@@ -134,20 +134,26 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, 1], out[1, 1])
 
 
-def test_a_row_split_over_two_launches_matches_the_reference(device_backend):
-    # chunks start at each launch's first token: 45 tokens, then 40 from the state written
+@pytest.mark.parametrize("cut", [45, 3 * CHUNK])
+def test_a_row_split_over_two_launches(device_backend, cut):
+    # chunks start at each launch's first token: a cut inside a chunk gives the reference
+    # within rounding, a cut on a chunk's boundary the bits of the whole row (fp32 pool)
     rng = np.random.default_rng(8)
     cu = np.array([0, 85])
     pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16)
-    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, cu, [2], [[3, -1, -1]],
-                                                [0], layer=0)
+    ids = ([2], [[3, -1, -1]], [0])
+    whole, out_whole, _ = run(device_backend, pool, q, k, v, gates, cu, *ids, layer=0)
+    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, cu, *ids, layer=0)
     sl = lambda x, a, b: {n: y[a:b] for n, y in x.items()}  # noqa: E731
-    o1, mid, _ = run(device_backend, pool, q[:45], k[:45], v[:45], sl(gates, 0, 45), [0, 45],
-                     [2], [[3, -1, -1]], [0], layer=0)
-    o2, out, _ = run(device_backend, mid, q[45:], k[45:], v[45:], sl(gates, 45, 85), [0, 40],
-                     [3], [[3, -1, -1]], [0], layer=0)
-    close(np.concatenate([o1, o2]), ro, 1e-5)
+    o1, mid, _ = run(device_backend, pool, q[:cut], k[:cut], v[:cut], sl(gates, 0, cut),
+                     [0, cut], *ids, layer=0)
+    o2, out, _ = run(device_backend, mid, q[cut:], k[cut:], v[cut:], sl(gates, cut, 85),
+                     [0, 85 - cut], [3], *ids[1:], layer=0)
+    o = np.concatenate([o1, o2])
+    close(o, ro, 1e-5)
     close(out, rout, 1e-5)
+    same = np.array_equal(o, whole) and np.array_equal(out[0, 3], out_whole[0, 3])
+    assert same == (cut % CHUNK == 0)
 
 
 def test_faulty_rows_are_flagged_and_write_nothing(device_backend):

@@ -174,32 +174,38 @@ def _dot_at(a_ptr, b_ptr, c_ptr, PRECISION: tl.constexpr):
     tl.store(c_ptr + o, c)
 
 
-def tf32(x):  # nearest, ties away from zero: the bits below the 10-bit mantissa dropped
-    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32).astype(np.float64)
+# float32 inputs times the identity, and what each precision makes of them, worked out by
+# hand: TF32 keeps 10 mantissa bits (the tensor cores truncate); TF32x3 takes the nearest
+# TF32 value (ties away from zero) and the remainder truncated to TF32 in turn
+INPUTS = [1 + 2**-11, -(1 + 2**-11 + 2**-12), 1 + 2**-11 + 2**-23, 3.0]
+BY_PRECISION = {
+    "ieee": INPUTS,
+    "tf32": [1.0, -1.0, 1.0, 3.0],
+    # 1 + 2^-11 + 2^-23: big 1 + 2^-10, remainder -(2^-11 - 2^-23) cut to -(2^-11 - 2^-22)
+    "tf32x3": [1 + 2**-11, -(1 + 2**-11 + 2**-12), 1 + 2**-11 + 2**-22, 3.0],
+}
 
 
 @pytest.mark.parametrize("precision", ["ieee", "tf32", "tf32x3"])
-def test_a_float32_dot_rounds_its_inputs_as_its_precision_asks(precision):
-    # the GPU's tensor cores: TF32 rounds each input to 10 mantissa bits; TF32x3 adds the
-    # products with each input's TF32 remainder; IEEE multiplies exactly
-    rng = np.random.default_rng(1)
-    a, b = (rng.normal(size=(16, 16)).astype(np.float32) for _ in range(2))
-    a[0, 0], b[0, 0] = 1 + 2**-11, 1  # a tie: rounds away from zero in TF32
+def test_a_float32_dot_cuts_its_inputs_as_its_precision_asks(precision):
+    a = np.zeros((16, 16), np.float32)
+    a[0, :4] = INPUTS
     c = torch.zeros(16, 16)
-    _dot_at[(1,)](torch.from_numpy(a), torch.from_numpy(b), c, precision)
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    if precision == "ieee":
-        want = a64 @ b64
-    elif precision == "tf32":
-        want = tf32(a) @ tf32(b)
-    else:
-        ra, rb = tf32(a - tf32(a)), tf32(b - tf32(b))
-        want = tf32(a) @ tf32(b) + ra @ tf32(b) + tf32(a) @ rb
-    np.testing.assert_array_equal(c.numpy(), want.astype(np.float32))
-    exact = a64 @ b64
-    err = np.abs(c.numpy() - exact).max()
-    assert (err > 1e-4) if precision == "tf32" else (err < 1e-5), err
+    _dot_at[(1,)](torch.from_numpy(a), torch.from_numpy(np.eye(16, dtype=np.float32)), c,
+                  precision)
+    assert c[0, :4].tolist() == BY_PRECISION[precision]
+    assert (c[1:] == 0).all() and (c[0, 4:] == 0).all()
+
+
+def test_an_infinite_input_stays_infinite_at_tf32x3():
+    # inf - inf makes the remainder NaN; the compiled product drops a NaN from the
+    # remainders' products, so inf times 1 is inf
+    a = np.zeros((16, 16), np.float32)
+    a[0, 0] = np.inf
+    c = torch.zeros(16, 16)
+    _dot_at[(1,)](torch.from_numpy(a), torch.from_numpy(np.eye(16, dtype=np.float32)), c,
+                  "tf32x3")
+    assert c[0, 0] == float("inf")
 
 
 def test_a_launch_swaps_once_and_its_helper_calls_skip_the_swap(swaps):
