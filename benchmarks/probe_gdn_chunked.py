@@ -33,7 +33,8 @@ import torch  # noqa: E402
 
 from recurrent_cases import Case, check, load_fla, np32, shapes  # noqa: E402
 
-DEFAULT_VARIANTS = ("16:32:8:tf32x3", "16:16:8:tf32x3", "32:32:8:tf32x3", "16:32:4:tf32x3",
+DEFAULT_VARIANTS = ("16:32:8:tf32x3", "16:16:8:tf32x3", "16:64:8:tf32x3", "32:32:8:tf32x3",
+                    "16:32:4:tf32x3",
                     "16:16:8:ieee", "32:32:4:tf32")
 
 
