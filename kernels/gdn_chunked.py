@@ -63,13 +63,14 @@ def _chunk_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head,
 
 
 @triton.jit
-def _unit_lower_inverse(a, CHUNK: tl.constexpr):
-    """``(I + a)^-1`` for a strictly lower triangular ``a`` ``[CHUNK, CHUNK]``, by forward
-    substitution: row ``i`` is ``e_i - a[i, :] @ inv`` over the rows above it (the rows
-    below are still ``e_j``, which ``a[i, j] = 0`` leaves out)."""
+def _unit_lower_inverse(a, rows, CHUNK: tl.constexpr):
+    """``(I + a)^-1`` for a strictly lower triangular ``a`` ``[CHUNK, CHUNK]`` whose rows
+    from ``rows`` on are zero (tokens past the row), by forward substitution: row ``i`` is
+    ``e_i - a[i, :] @ inv`` over the rows above it (the rows below are still ``e_j``, which
+    ``a[i, j] = 0`` leaves out); the zero rows' inverse rows stay ``e_i``."""
     r = tl.arange(0, CHUNK)
     inv = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in range(1, CHUNK):
+    for i in range(1, rows):
         a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)  # a[i, :], over j
         row = tl.sum(a_i[:, None] * inv, axis=0)
         inv = tl.where(r[:, None] == i, inv - row[None, :], inv)
@@ -150,7 +151,7 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
             decay = tl.where(causal, tl.exp(D), 0.0)  # exp(D[i, j]) for j <= i
             kb = k * beta[:, None]
             m = tl.where(r[:, None] > r[None, :], _dot(kb, tl.trans(k)) * decay, 0.0)
-            inv = _unit_lower_inverse(m, CHUNK)
+            inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
             eG = tl.exp(G)
             u = _dot(inv, v * beta[:, None] - _dot(kb * eG[:, None], s))
             qk = tl.where(causal, _dot(q, tl.trans(k)) * decay, 0.0)
