@@ -98,9 +98,15 @@ def faulty_rows():
             np.array([0, 0, 1, 0]))
 
 
-def test_faulty_rows_are_flagged_and_write_nothing(backend):
+# the fault tests run both algorithms (kernels/gdn_chunked.py shares the rows and faults)
+ALGORITHMS = pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+
+
+@ALGORITHMS
+def test_faulty_rows_are_flagged_and_write_nothing(backend, algorithm):
     pool, q, k, v, sl, cu, rb, wbs, spec = faulty_rows()
-    o, out, err = backend.gdn(pool, q, k, v, sl, cu, rb, wbs, spec, layer=1)
+    o, out, err = backend.gdn(pool, q, k, v, sl, cu, rb, wbs, spec, layer=1,
+                              algorithm=algorithm)
     ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, sl, cu, rb, wbs, spec,
                                                    layer=1)
     assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
@@ -130,8 +136,9 @@ ONE_ROW = {  # case: (row of faulty_rows whose ids it takes, its tokens, its cu_
     "backwards": (3, (0, 2), [2, 1])}
 
 
+@ALGORITHMS
 @pytest.mark.parametrize("case", ONE_ROW)
-def test_a_one_row_launch_matches_the_reference(device_backend, case):
+def test_a_one_row_launch_matches_the_reference(device_backend, case, algorithm):
     # a launch of one row loads its first token's inputs after its checks
     # (STATE_FIRST_BELOW): faulty_rows' rows alone, a prefill, bad cu_seqlens
     assert gdn_plan(1).constexprs["STATE_FIRST"] and not gdn_plan(2).constexprs["STATE_FIRST"]
@@ -139,7 +146,7 @@ def test_a_one_row_launch_matches_the_reference(device_backend, case):
     row, (t0, t1), cu = ONE_ROW[case]
     args = (pool, q[t0:t1], k[t0:t1], v[t0:t1], {n: x[t0:t1] for n, x in sl.items()}, cu,
             rb[row:row + 1], wbs[row:row + 1], spec[row:row + 1])
-    o, out, err = device_backend.gdn(*args, layer=1)
+    o, out, err = device_backend.gdn(*args, layer=1, algorithm=algorithm)
     ro, rout, rerr = make_backend("reference").gdn(*args, layer=1)
     assert err.tolist() == rerr.tolist() and (err[0] != 0) == (case not in ("good", "prefill"))
     if err[0]:
@@ -149,7 +156,8 @@ def test_a_one_row_launch_matches_the_reference(device_backend, case):
     close(out, rout, 1e-5)
 
 
-def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
+@ALGORITHMS
+def test_write_blocks_a_row_does_not_use_are_not_checked(backend, algorithm):
     # the kernel loads a row's whole window of write blocks; the columns past what the row
     # writes (a non-spec row's 1.., a spec row's n..) may hold any id: no fault, no write
     rng = np.random.default_rng(6)
@@ -159,7 +167,8 @@ def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
     wbs = np.array([[5, NB + 3, -9], [6, 7, NB], [8, 9, -5]])  # non-spec, spec of 1, of 2
     spec = np.array([0, 1, 1])
     sl = {n: x[:4] for n, x in gates.items()}
-    o, out, err = backend.gdn(pool, q[:4], k[:4], v[:4], sl, cu, rb, wbs, spec, layer=1)
+    o, out, err = backend.gdn(pool, q[:4], k[:4], v[:4], sl, cu, rb, wbs, spec, layer=1,
+                              algorithm=algorithm)
     ro, rout, rerr = make_backend("reference").gdn(pool, q[:4], k[:4], v[:4], sl, cu, rb, wbs,
                                                    spec, layer=1)
     assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
@@ -169,7 +178,7 @@ def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
     np.testing.assert_array_equal(out[1, untouched], pool[1, untouched])
 
 
-def seqlens_launch(backend, cu, spec):
+def seqlens_launch(backend, cu, spec, algorithm):
     """40 one-token rows (blocks 1-40 read, 41-80 written, a window of one) on ``cu``, by
     ``backend`` and by the reference: ``(pool, write blocks, (o, out, err), reference's)``."""
     n = len(cu) - 1
@@ -180,31 +189,35 @@ def seqlens_launch(backend, cu, spec):
              "beta": rng.uniform(0, 1, (n, 1)).astype(np.float32)}
     wb = np.arange(n + 1, 2 * n + 1)
     args = (cu, np.arange(1, n + 1), wb[:, None], np.full(n, spec))
-    got, ref = (b.gdn(pool, q, k, v, gates, *args, layer=1)
+    got, ref = (b.gdn(pool, q, k, v, gates, *args, layer=1, algorithm=algorithm)
                 for b in (backend, make_backend("reference")))
     return pool, wb, got, ref
 
 
+@ALGORITHMS
 @pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
-def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad,
+                                                                   algorithm):
     cu = seqlens_case(40, changed)
-    check_seqlens_launch(cu, bad, int(Fault.BAD_CU_SEQLENS), *seqlens_launch(backend, cu, 0),
-                         1e-5, 1e-5)
+    check_seqlens_launch(cu, bad, int(Fault.BAD_CU_SEQLENS),
+                         *seqlens_launch(backend, cu, 0, algorithm), 1e-5, 1e-5)
 
 
-def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend):
+@ALGORITHMS
+def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend, algorithm):
     # rows 9 and 10 end past T_total, row 11 runs backwards; row 9 (41 tokens) is also a
     # spec row longer than its window
     cu = seqlens_case(40, {10: 50, 11: 50})
     check_seqlens_launch(cu, [9, 10, 11], int(Fault.BAD_CU_SEQLENS | Fault.BAD_QUERY_LEN),
-                         *seqlens_launch(backend, cu, 1), 1e-5, 1e-5)
+                         *seqlens_launch(backend, cu, 1, algorithm), 1e-5, 1e-5)
 
 
-def test_rows_without_tokens_still_flag_bad_ids(backend):
+@ALGORITHMS
+def test_rows_without_tokens_still_flag_bad_ids(backend, algorithm):
     rng = np.random.default_rng(9)
     pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)
     _, out, err = backend.gdn(pool, q[:0], k[:0], v[:0], {n: x[:0] for n, x in gates.items()},
-                              [0, 0], [NB], WBS[:1], [0], layer=1)
+                              [0, 0], [NB], WBS[:1], [0], layer=1, algorithm=algorithm)
     assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
     np.testing.assert_array_equal(out, pool)
 
