@@ -477,7 +477,8 @@ GATED_DELTA_RULE = Op(
     mutates=("pool", "errors"),
     returns=("o",),
     skipped={"o": 0},
-    doc=_DOC.format(chunk=chunked.CHUNK, gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
+    doc=_DOC.format(chunk=chunked.CHUNK,
+                    gates="``g`` (log decay) and ``beta``: ``[T_total, HV]``, one row "
                           "stride in torch"),
 )
 
@@ -490,7 +491,8 @@ GATED_DELTA_RULE_FUSED_GATES = Op(
     mutates=("pool", "errors"),
     returns=("o",),
     skipped={"o": 0},
-    doc=_DOC.format(chunk=chunked.CHUNK, gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
+    doc=_DOC.format(chunk=chunked.CHUNK,
+                    gates="the gates computed in the kernel (Qwen3-Next) from ``a``, ``b`` "
                           "``[T_total, HV]`` (one row stride in torch) and ``A_log``, "
                           "``dt_bias`` ``[HV]``: ``g = -exp(A_log) * softplus(a + dt_bias)``, "
                           "``beta = sigmoid(b)``"),

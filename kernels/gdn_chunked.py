@@ -88,7 +88,8 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                 ALIGN: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
                 HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One program: a row's value head ``i_hv``, value columns ``[i_v BV, (i_v + 1) BV)``,
-    all its tokens, ``CHUNK`` at a time (the module's docstring); the arrays are :func:`.gdn._gdn`'s."""
+    all its tokens, ``CHUNK`` at a time (the module's docstring); the arrays are
+    :func:`.gdn._gdn`'s."""
     row, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
     i_h = i_hv // GROUP
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,

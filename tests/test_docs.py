@@ -84,6 +84,16 @@ def test_simulation_example_runs_and_compares_like_with_like():
         assert on[2] > 0 and off[1] == on[1] + on[2]
 
 
+def test_the_chunked_prefill_example_runs_as_its_docstring_says():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "chunked_prefill.py")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    close = re.search(r"outputs within ([\d.e+-]+), final state within ([\d.e+-]+)", out.stdout)
+    assert close and max(float(close.group(1)), float(close.group(2))) < 1e-5, out.stdout
+    assert "gives the one-launch bits: True" in out.stdout
+    assert "torch and JAX give the same bits: True" in out.stdout
+
+
 @pytest.mark.parametrize("example,x64", [("torch_serving_loop.py", False),
                                          ("jax_serving_loop.py", False),
                                          ("jax_serving_loop.py", True)])
