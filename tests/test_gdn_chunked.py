@@ -84,6 +84,20 @@ def test_long_rows_with_little_or_much_decay(device_backend, g_range, change):
     close(out, rout, 1e-5)
 
 
+def test_a_long_row_does_not_drift(device_backend):
+    # 1024 tokens (64 chunks) of little decay: the state carried from chunk to chunk keeps
+    # the reference within a few 1e-7 of its largest value (the token-by-token kernel's
+    # order of error; 5e-6 leaves room for the GPU's fp32 sums)
+    rng = np.random.default_rng(3)
+    cu = np.array([0, 1024])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16, g_range=(0.0, 1e-3))
+    args = (pool, q, k, v, gates, cu, [2], [[3, -1, -1]], [0])
+    o, out, _ = run(device_backend, *args, layer=0, use_qk_l2norm=True)
+    ro, rout, _ = make_backend("reference").gdn(*args, layer=0, use_qk_l2norm=True)
+    for got, want in ((o, ro), (out[0, 3], rout[0, 3])):
+        assert np.abs(got - want).max() < 5e-6 * np.abs(want).max()
+
+
 def test_spec_rows_longer_than_a_chunk(device_backend):
     # a window of 20 write blocks: spec rows of 20 and 17 tokens, each candidate's state
     # from the chunk that holds its token
