@@ -2,6 +2,8 @@
 elements (64-bit offsets), more than 65 535 programs, CUDA-graph capture and replay,
 inputs as unaligned views."""
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -21,7 +23,7 @@ def t(a, dtype=None):
     return torch.as_tensor(np.asarray(a), dtype=dtype, device=DEV)
 
 
-def gdn_row(pool, rb, wbs, T=3, seed=0):
+def gdn_row(pool, rb, wbs, T=3, seed=0, algorithm="recurrent"):
     """One spec row of ``T`` tokens on ``pool`` (HV = 32, K = V = 128), in-kernel gates."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     HV, K = pool.shape[2], pool.shape[4]
@@ -32,7 +34,7 @@ def gdn_row(pool, rb, wbs, T=3, seed=0):
     errors = torch.zeros(2, dtype=torch.int32, device=DEV)
     o = ops.gated_delta_rule_fused_gates_(
         pool, errors, q, k, v, a, b, A_log, dt_bias, t([0, T]), t([rb]), t([wbs]), t([1]),
-        layer=pool.shape[0] - 1, use_qk_l2norm=True)["o"]
+        layer=pool.shape[0] - 1, use_qk_l2norm=True, algorithm=algorithm)["o"]
     assert errors.tolist()[0] == 0
     return o
 
@@ -55,12 +57,12 @@ def ssu_row(pool, rb, wbs, T=3, seed=0):
     return y
 
 
-@pytest.mark.parametrize("op", ["gdn", "ssu"])
+@pytest.mark.parametrize("op", ["gdn", "gdn_chunked", "ssu"])
 def test_temporal_pool_beyond_2_31_elements(op):
     # gdn: [1, 4200, 32, 128, 128] fp32, 2.2e9 elements; ssu: [1, 8200, 32, 64, 128] fp32,
     # 2.15e9 elements; the row reads and writes the last blocks
-    NB, block, row = (4200, (32, 128, 128), gdn_row) if op == "gdn" else \
-        (8200, (32, 64, 128), ssu_row)
+    NB, block, row = (8200, (32, 64, 128), ssu_row) if op == "ssu" else \
+        (4200, (32, 128, 128), functools.partial(gdn_row, algorithm=op[4:] or "recurrent"))
     big = torch.zeros((1, NB) + block, device=DEV)
     assert big.numel() > 2**31
     small = torch.zeros((1, 5) + block, device=DEV)
@@ -94,7 +96,7 @@ def test_conv_pool_beyond_2_31_elements():
     assert torch.equal(big[0, NB - 2].view(torch.int16), small[0, 2].view(torch.int16))
 
 
-@pytest.mark.parametrize("op", ["conv1d", "gdn", "ssu"])
+@pytest.mark.parametrize("op", ["conv1d", "gdn", "gdn_chunked", "ssu"])
 def test_more_than_65535_programs(op):
     # 70 000 one-token rows: every program index past the 65 535 of a y / z grid axis
     rows, rng = 70_000, np.random.default_rng(0)
@@ -109,13 +111,15 @@ def test_more_than_65535_programs(op):
         w, cb = rng.normal(size=(16, 3)).astype(np.float32), np.zeros(16, np.float32)
         args = (pool, x, w, cb, cu, rb, np.zeros(rows, np.int64), wb, spec)
         got, want = (b.conv1d_update(*args, layer=0, layout="SD") for b in (dev, ref))
-    elif op == "gdn":
+    elif op.startswith("gdn"):  # chunked: 16 value columns a program, one program a row
         pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
         q, k, v = (rng.normal(size=(rows, 1, 8)).astype(np.float32) for _ in range(3))
         gates = {"g": -rng.uniform(0, 1, (rows, 1)).astype(np.float32),
                  "beta": rng.uniform(0, 1, (rows, 1)).astype(np.float32)}
         wbs = np.stack([wb, -np.ones(rows, np.int64)], axis=1)
-        got, want = (b.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, layer=0) for b in (dev, ref))
+        got, want = (b.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, layer=0,
+                           algorithm="chunked" if op == "gdn_chunked" else "recurrent")
+                     for b in (dev, ref))
     elif op == "ssu":
         pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
         ins = {"x": rng.normal(size=(rows, 1, 8)), "dt": rng.normal(size=(rows, 1)),
