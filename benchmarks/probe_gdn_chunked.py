@@ -43,9 +43,9 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
     import triton.language as tl
 
     from mamba_align.backends.torch import ops as tops
-    from mamba_align.kernels import gdn_chunked
+    from mamba_align.kernels import recurrent
     chunk, bv, warps, precision = variant.split(":")
-    gdn_chunked.DOT_PRECISION = tl.constexpr(precision)  # before the kernel first compiles
+    recurrent.DOT_PRECISION = tl.constexpr(precision)  # before the kernel first compiles
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     s = dict(shapes(small), prefill=tokens)
     fla = None if small else load_fla()

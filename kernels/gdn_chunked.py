@@ -17,7 +17,7 @@ state ``[K, V]`` at the chunk's start, the delta rule's per-token corrections ``
   (every candidate of a spec row; the last token's for the next chunk).
 
 ``(I + M)^-1`` comes from forward substitution, one row per loop trip. The products are
-``tl.dot`` in fp32 at ``DOT_PRECISION``, so the rounding is the recurrence's order of
+``tl.dot`` in fp32 at ``recurrent.DOT_PRECISION``, so the rounding is the recurrence's order of
 magnitude, not its bits (the two algorithms sum in different orders). Tiles never depend on
 the batch.
 """
@@ -27,23 +27,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent import candidate_block, clear_faulty_row, decay_gates, head_offset, \
-    head_program, recurrent_fault, recurrent_row
+from .recurrent import candidate_block, chunk_at, chunk_decays, chunk_dot, chunk_row, \
+    clear_faulty_row, decay_gates, head_offset, head_program, recurrent_fault, recurrent_row
 from .rows import aligned_base, flag_row
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
 BV = 32  # value columns per program (at least 16: tl.dot)
 NUM_WARPS = 8
-#: the products' precision: three TF32 tensor-core products for each fp32 one, close to
-#: fp32's rounding (the tiles and this: benchmarks/README.md, "The chunked gated delta rule")
-DOT_PRECISION = tl.constexpr("tf32x3")
-
-
-@triton.jit
-def _dot(a, b):
-    return tl.dot(a, b, input_precision=DOT_PRECISION)
-
-
 @triton.jit
 def _chunk_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head,
                   i_hv, qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask,
@@ -144,32 +134,27 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                 q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
                 k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
             q = q * scale
-            # each decay a sum of its own (G from the chunk's start, D between two tokens):
-            # a difference of two running sums loses a small decay next to a large one, and
-            # -inf - -inf is a NaN. Past the row g = 0, so the sums stop at its last token.
-            G = tl.cumsum(g, axis=0)
-            D = tl.cumsum(tl.where(r[:, None] > r[None, :], g[:, None], 0.0), axis=0)
-            decay = tl.where(causal, tl.exp(D), 0.0)  # exp(D[i, j]) for j <= i
+            G, decay = chunk_decays(g, CHUNK)  # g = 0 past the row: the sums stop there
             kb = k * beta[:, None]
-            m = tl.where(r[:, None] > r[None, :], _dot(kb, tl.trans(k)) * decay, 0.0)
+            m = tl.where(r[:, None] > r[None, :], chunk_dot(kb, tl.trans(k)) * decay, 0.0)
             inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
             eG = tl.exp(G)
-            u = _dot(inv, v * beta[:, None] - _dot(kb * eG[:, None], s))
-            qk = tl.where(causal, _dot(q, tl.trans(k)) * decay, 0.0)
-            o = _dot(q * eG[:, None], s) + _dot(qk, u)
+            u = chunk_dot(inv, v * beta[:, None] - chunk_dot(kb * eG[:, None], s))
+            qk = tl.where(causal, chunk_dot(q, tl.trans(k)) * decay, 0.0)
+            o = chunk_dot(q * eG[:, None], s) + chunk_dot(qk, u)
             tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
                      mask=live[:, None] & vmask[None, :])
             if spec:  # every candidate: the state after token c + j
                 for j in range(0, tl.minimum(CHUNK, n - c)):
-                    Gj = tl.sum(tl.where(r == j, G, 0.0), axis=0)
-                    Dj = tl.sum(tl.where(r[:, None] == j, decay, 0.0), axis=0)  # row j
-                    sj = tl.exp(Gj) * s + _dot(tl.trans(k * Dj[:, None]), u)
+                    Dj = chunk_row(decay, j, CHUNK)
+                    sj = (tl.exp(chunk_at(G, j, CHUNK)) * s
+                          + chunk_dot(tl.trans(k * Dj[:, None]), u))
                     wj = candidate_block(jw, wb, spec, c + j)
                     tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
                              sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            G_last = tl.sum(tl.where(r == CHUNK - 1, G, 0.0), axis=0)
-            D_last = tl.sum(tl.where(r[:, None] == CHUNK - 1, decay, 0.0), axis=0)
-            s = tl.exp(G_last) * s + _dot(tl.trans(k * D_last[:, None]), u)
+            D_last = chunk_row(decay, CHUNK - 1, CHUNK)
+            s = (tl.exp(chunk_at(G, CHUNK - 1, CHUNK)) * s
+                 + chunk_dot(tl.trans(k * D_last[:, None]), u))
             t, live = t_next, live_next
             q_in, k_in, v_in, ga, gb = q_nx, k_nx, v_nx, ga_nx, gb_nx
         if ~spec & (n > 0):

@@ -1,7 +1,8 @@
 """What the recurrent kernels (the gated delta rule, Mamba2's selective state update) share:
 one program per (row, head, tile of state rows) on grid axis 0, a row's tokens and blocks
 (docs/semantics.md §4), its fault bits, the zeroing of a faulty row's outputs, the state's
-head offset, the block each candidate goes to, and the gates.
+head offset, the block each candidate goes to, the gates, and the chunked kernels' products
+and decays.
 """
 
 from __future__ import annotations
@@ -81,6 +82,44 @@ def candidate_block(jw, wb, spec, j):
     """The write block of token ``j``'s state (:func:`recurrent_row`'s ``wb``): candidate
     ``j`` on a spec row, write block 0 otherwise (stored only after the last token)."""
     return tl.sum(tl.where(jw == tl.where(spec, j, 0), wb, 0), axis=0)
+
+
+#: the chunked kernels' products (.gdn_chunked, .selective_state_chunked): three TF32
+#: tensor-core products for each fp32 one, close to fp32's rounding (benchmarks/README.md,
+#: "The chunked gated delta rule")
+DOT_PRECISION = tl.constexpr("tf32x3")
+
+
+@triton.jit
+def chunk_dot(a, b):
+    """``a @ b`` in fp32 at ``DOT_PRECISION``."""
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def chunk_decays(g, CHUNK: tl.constexpr):
+    """A chunk's decays from its log decays ``g`` ``[CHUNK]`` (0 past the row):
+    ``G_i = g_0 + ... + g_i`` ``[CHUNK]`` and ``exp(D[i, j])`` ``[CHUNK, CHUNK]`` for
+    ``D[i, j] = g_(j+1) + ... + g_i`` (``j <= i``; 0 above the diagonal). Each is summed by
+    itself: a difference of two running sums loses a small decay next to a large one, and
+    ``-inf - -inf`` is a NaN."""
+    r = tl.arange(0, CHUNK)
+    G = tl.cumsum(g, axis=0)
+    D = tl.cumsum(tl.where(r[:, None] > r[None, :], g[:, None], 0.0), axis=0)
+    return G, tl.where(r[:, None] >= r[None, :], tl.exp(D), 0.0)
+
+
+@triton.jit
+def chunk_row(m, j, CHUNK: tl.constexpr):
+    """Row ``j`` of ``m`` ``[CHUNK, CHUNK]``."""
+    r = tl.arange(0, CHUNK)
+    return tl.sum(tl.where(r[:, None] == j, m, 0.0), axis=0)
+
+
+@triton.jit
+def chunk_at(v, j, CHUNK: tl.constexpr):
+    """Element ``j`` of ``v`` ``[CHUNK]``."""
+    return tl.sum(tl.where(tl.arange(0, CHUNK) == j, v, 0.0), axis=0)
 
 
 @triton.jit
