@@ -8,6 +8,9 @@ slice of the state in fp32. It loads that slice of the row's initial state (zero
 read block) completely, then runs the row's tokens in order, storing ``y`` per token and
 the state to the row's write blocks: after every token on spec rows, once at the end
 otherwise. Tiles never depend on the batch, so a row's bits do not either.
+
+``algorithm="chunked"`` launches the same grid with :mod:`.selective_state_chunked`'s body
+(a row's tokens by chunks, as matrix products).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import functools
 import triton
 import triton.language as tl
 
+from . import selective_state_chunked as chunked
 from .bookkeeping import check_errors
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
@@ -25,11 +29,14 @@ from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output,
 from .recurrent import (STATES, candidate_block, clear_faulty_row, head_offset, head_program,
                         recurrent_fault, recurrent_row, softplus)
 from .rows import aligned_base, flag_row
+from .selective_state_chunked import selective_state_chunked
 
 #: head-dim rows per program, one warp: the gated delta rule's tile (an ``[8, 128]`` fp32
 #: state slice per warp, measured there: benchmarks/README.md); not yet measured here
 BP = 8
 NUM_WARPS = 1
+#: token by token or by chunks of tokens (prefill: .selective_state_chunked)
+ALGORITHMS = ("recurrent", "chunked")
 
 
 @triton.jit
@@ -47,10 +54,8 @@ def _token_inputs(x_ptr, dt_ptr, B_ptr, C_ptr, t, live, x_head, bc_head, i_h, x_
     return x, dt, b, c
 
 
-@same_binary_jit
-def selective_state_update_kernel(
-    pool_in_ptr,  # aliased with pool_ptr
-    errors_in_ptr,
+@triton.jit
+def _ssu(
     x_ptr,  # [T, H, P]
     dt_ptr,  # [T, H]
     A_ptr,  # [H]
@@ -141,13 +146,75 @@ def selective_state_update_kernel(
             x, dt, b, c = x_next, dt_next, b_next, c_next
 
 
+# The kernel names its parameters as its op's arrays (the launch ABI); its body is _ssu, or
+# with CHUNK > 0 .selective_state_chunked.
+@same_binary_jit
+def selective_state_update_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,
+    x_ptr,  # [T, H, P]
+    dt_ptr,  # [T, H]
+    A_ptr,  # [H]
+    B_ptr,  # [T, G, N]
+    C_ptr,  # [T, G, N], B's strides
+    D_ptr,  # [H]
+    dt_bias_ptr,  # [H]
+    cu_seqlens_ptr,
+    read_block_ptr,
+    write_blocks_ptr,  # [N_rows, WIN]
+    is_spec_ptr,
+    num_tokens,
+    x_stride_t,
+    x_stride_h,
+    dt_stride,
+    bc_stride_t,
+    bc_stride_g,
+    wb_stride,
+    layer_offset,
+    block_stride,
+    head_stride,
+    num_blocks,
+    y_ptr,  # [T, H, P]
+    pool_ptr,
+    errors_ptr,
+    P: tl.constexpr,
+    N: tl.constexpr,
+    BP: tl.constexpr,
+    BN: tl.constexpr,
+    WIN: tl.constexpr,
+    WIN_PAD: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    ALIGN: tl.constexpr,
+    X_ALIGN: tl.constexpr,
+    BC_ALIGN: tl.constexpr,
+    H: tl.constexpr,
+    GROUP: tl.constexpr,  # H // G
+    CHUNK: tl.constexpr,  # 0: token by token; else .selective_state_chunked
+):
+    if CHUNK > 0:
+        selective_state_chunked(
+            x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, cu_seqlens_ptr,
+            read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, x_stride_t, x_stride_h,
+            dt_stride, bc_stride_t, bc_stride_g, wb_stride, layer_offset, block_stride,
+            head_stride, num_blocks, y_ptr, pool_ptr, errors_ptr, P, N, BP, BN, WIN, WIN_PAD,
+            SOFTPLUS, ALIGN, X_ALIGN, BC_ALIGN, H, GROUP, CHUNK)
+    else:
+        _ssu(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, cu_seqlens_ptr,
+             read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, x_stride_t, x_stride_h,
+             dt_stride, bc_stride_t, bc_stride_g, wb_stride, layer_offset, block_stride,
+             head_stride, num_blocks, y_ptr, pool_ptr, errors_ptr, P, N, BP, BN, WIN, WIN_PAD,
+             SOFTPLUS, ALIGN, X_ALIGN, BC_ALIGN, H, GROUP)
+
+
 @functools.lru_cache(maxsize=256, typed=True)
 def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, dt: ArraySpec,
                                 A: ArraySpec, B: ArraySpec, C: ArraySpec, D: ArraySpec,
                                 dt_bias: ArraySpec, cu_seqlens: ArraySpec,
                                 read_block: ArraySpec, write_blocks: ArraySpec,
                                 is_spec: ArraySpec, *, layer: int,
-                                dt_softplus: bool) -> LaunchPlan:
+                                dt_softplus: bool, algorithm: str = "recurrent") -> LaunchPlan:
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
     check_array("x", x, (None, None, None), FLOAT_DTYPES)
     T, H, P = x.shape
     check_array("B", B, (T, None, None), FLOAT_DTYPES)
@@ -176,7 +243,10 @@ def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec
     win = write_blocks.shape[1]
     if win < 1:
         raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
-    bp = min(BP, next_pow2(P))
+    chunk = chunked.CHUNK if algorithm == "chunked" else 0
+    # tl.dot needs 16 rows and columns at least
+    bp = max(16, min(chunked.BP, next_pow2(P))) if chunk else min(BP, next_pow2(P))
+    bn = max(16, next_pow2(N)) if chunk else next_pow2(N)
     return LaunchPlan(
         kernel=selective_state_update_kernel,
         grid=(max(1, rows * H * cdiv(P, bp)),),
@@ -190,7 +260,7 @@ def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec
                  ("num_blocks", scal["num_blocks"])),
         outputs=("y", "pool", "errors"),
         out_specs={"y": Output((T, H, P), x.dtype)},
-        constexprs={"P": P, "N": N, "BP": bp, "BN": next_pow2(N), "WIN": win,
+        constexprs={"P": P, "N": N, "BP": bp, "BN": bn, "WIN": win,
                     "WIN_PAD": next_pow2(win), "SOFTPLUS": bool(dt_softplus),
                     # the state's alignment in elements, stated by the kernel (same_binary_jit)
                     "ALIGN": largest_align((scal["layer_stride"], scal["block_stride"],
@@ -198,8 +268,8 @@ def plan_selective_state_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec
                     # (x's tile offset i_p * BP is under the hint too)
                     "X_ALIGN": io_align(x, (*x.strides[:2], bp)),
                     "BC_ALIGN": io_align(B, B.strides[:2]),
-                    "H": H, "GROUP": H // G},
-        num_warps=NUM_WARPS,
+                    "H": H, "GROUP": H // G, "CHUNK": chunk},
+        num_warps=chunked.NUM_WARPS if chunk else NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
     )
@@ -209,7 +279,8 @@ SELECTIVE_STATE_UPDATE = Op(
     name="selective_state_update",
     arrays=("pool", "errors", "x", "dt", "A", "B", "C", "D", "dt_bias", "cu_seqlens",
             "read_block", "write_blocks", "is_spec"),
-    statics=(Static("layer", int), Static("dt_softplus", bool, True)),
+    statics=(Static("layer", int), Static("dt_softplus", bool, True),
+             Static("algorithm", str, "recurrent")),
     plan=plan_selective_state_update,
     mutates=("pool", "errors"),
     returns=("y",),
@@ -229,7 +300,10 @@ SELECTIVE_STATE_UPDATE = Op(
     20) when ``dt_softplus`` (default on, as Mamba2 layers call it; mamba_ssm's function
     defaults to off); ``h = h * exp(d * A) + (d * x) ⊗ B``; ``y = h @ C + D * x``.
     Returns ``y`` ``[T_total, H, P]`` in ``x``'s dtype (gate it with ``rms_norm_gated``,
-    as Mamba2 does).
+    as Mamba2 does). ``algorithm``: ``"recurrent"`` (token by token) or ``"chunked"`` (16
+    tokens at a time as matrix products, Mamba2's chunked scan, for long prefill rows: the
+    same results within rounding, not the same bits; a row's chunks start at its first
+    token in the launch).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

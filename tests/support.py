@@ -164,6 +164,7 @@ class Reference(Backend):
 
     def ssu(self, pool, ins, cu, rb, wbs, spec, *, layer, **opts):
         out = pool.copy()
+        opts.pop("algorithm", None)  # one reference for both
         y, out[layer], fault = selective_state_update_ref(*(ins[n] for n in SSU_INPUTS),
                                                           pool[layer], cu, rb, wbs, spec, **opts)
         return y, out, flag_of(fault).astype(np.int64)

@@ -142,6 +142,15 @@ def gdn(B, algorithm="recurrent"):
         ids, layer=1, scale=0.0, use_qk_l2norm=True, layout="VK", algorithm=algorithm)
 
 
+def ssu(B, algorithm):
+    ids, cu, f32 = spec((B,), "int32"), spec((B + 1,), "int32"), "float32"
+    return K.plan_selective_state_update(
+        spec((2, 9, 32, 64, 128), f32), spec((2,), "int32"), spec((B, 32, 64), bf),
+        spec((B, 32), bf), spec((32,), f32), spec((B, 4, 128), bf), spec((B, 4, 128), bf),
+        spec((32,), f32), spec((32,), f32), cu, ids, spec((B, 1 + S), "int32"), ids, layer=1,
+        dt_softplus=True, algorithm=algorithm)
+
+
 def conv(B, T):
     ids, cu = spec((B,), "int32"), spec((B + 1,), "int32")
     return K.plan_conv1d_update(
@@ -152,7 +161,7 @@ def conv(B, T):
 
 # a spec step of the conv: 1 + S tokens per row (256 channels a program)
 plans = {"gdn": gdn(64), "gdn_small": gdn(1), "gdn_chunked": gdn(64, "chunked"),
-         "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
+         "ssu_chunked": ssu(64, "chunked"), "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
 out = {}
 for name, plan in plans.items():
     names = plan.kernel.arg_names
@@ -162,6 +171,8 @@ for name, plan in plans.items():
             return "fp32" if n == "scale" else "i32"
         stem = n[:-4].replace("_in", "")
         if name.startswith("gdn") and stem in ("pool", "A_log", "dt_bias"):
+            return "*fp32"
+        if name.startswith("ssu") and stem in ("pool", "A", "D", "dt_bias"):
             return "*fp32"
         return "*i32" if stem in ("errors", "cu_seqlens", "read_block", "write_blocks",
                                   "read_offset", "write_block", "is_spec") else "*bf16"
@@ -202,9 +213,10 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
     # the chunked algorithm: its own kernel, uncapped, its [128, 32] state tile over eight
     # warps stored as four 16-byte vectors a thread, on every path that stores it (the
     # spec rows' candidates and the final state)
-    chunked = acc["gdn_chunked"]
-    assert chunked["maxnreg"] == [] and chunked.get("st.global.v4.b32", 0) >= 8, chunked
-    assert chunked.get("ld.global.v4.b32", 0) >= 4, chunked
+    for name in ("gdn_chunked", "ssu_chunked"):  # Mamba2's: a [32, 128] tile, the same
+        chunked = acc[name]
+        assert chunked["maxnreg"] == [] and chunked.get("st.global.v4.b32", 0) >= 8, chunked
+        assert chunked.get("ld.global.v4.b32", 0) >= 4, chunked
 
 
 def test_the_streaming_hints_reach_the_ptx(recurrent_accesses):

