@@ -105,8 +105,9 @@ def selective_state_chunked(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_p
             d = dt_in.to(tl.float32) + dt_bias
             if SOFTPLUS:
                 d = softplus(d)
-            d = tl.where(live, d, 0.0)  # past the row: no step, no decay
-            G, decay = chunk_decays(d * A, CHUNK)
+            d = tl.where(live, d, 0.0)  # past the row: no step
+            # and no decay (masked after the product: 0 * -inf, A = -inf, is a NaN)
+            G, decay = chunk_decays(tl.where(live, d * A, 0.0), CHUNK)
             X = xf * d[:, None]
             cb = chunk_dot(cf, tl.trans(bf)) * decay  # exp(D[i, j]) (C_i . B_j), j <= i
             y = (tl.exp(G)[:, None] * chunk_dot(cf, tl.trans(s)) + chunk_dot(cb, X)

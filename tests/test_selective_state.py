@@ -360,7 +360,8 @@ def test_chunked_rows_of_several_chunks_match_the_reference(device_backend, H, G
                                                             dt_softplus):
     rng = np.random.default_rng(P + N + 1)
     pool, ins = inputs(rng, H, G, P, N, T=int(CHUNK_CU[-1]))
-    ins["dt"], ins["dt_bias"] = np.abs(ins["dt"]), np.abs(ins["dt_bias"])  # d > 0
+    if not dt_softplus:  # positive step sizes (test_matches_the_reference says why)
+        ins["dt"], ins["dt_bias"] = np.abs(ins["dt"]), np.abs(ins["dt_bias"])
     args = (pool, ins, CHUNK_CU, CHUNK_RB, CHUNK_WBS, CHUNK_SPEC)
     y, out, err = device_backend.ssu(*args, layer=1, dt_softplus=dt_softplus,
                                      algorithm="chunked")
@@ -411,3 +412,20 @@ def test_chunked_torch_and_jax_give_the_same_bits():
                                algorithm="chunked") for b in ("torch", "jax")]
     for a, b in zip(*got):
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_long_chunked_row_with_mamba2_like_steps(device_backend):
+    # Mamba2's initialisation: dt_bias in [-6.9, -2.3] (softplus: steps of 1e-3 ... 0.1), A
+    # = -exp(U[0, ln 16]): weak decays, so each chunk's state carries into the next; a
+    # head of an infinite decay rate (A = -inf) forgets its state at every token
+    rng = np.random.default_rng(14)
+    pool, ins = inputs(rng, 4, 2, 16, 16, T=107, dt_bias=(-6.9, -2.3))
+    ins["A"] = -np.exp(rng.uniform(0, np.log(16), 4)).astype(np.float32)
+    ins["A"][3] = -np.inf
+    args = (pool, ins, [0, 90, 107], [2, 3], [[4, -1, -1], [5, -1, -1]], [0, 0])
+    y, out, err = device_backend.ssu(*args, layer=1, algorithm="chunked")
+    ry, rout, _ = make_backend("reference").ssu(*args, layer=1)
+    assert err.tolist() == [0, 2**31 - 1]
+    assert np.isfinite(y).all() and np.isfinite(out).all()
+    close(y, ry, 1e-5)
+    close(out, rout, 1e-5)
