@@ -457,9 +457,9 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ``scale``: 0 for ``K^-1/2``; ``use_qk_l2norm``: normalise q and k first. Returns ``o``
     ``[T_total, HV, V]`` in ``q``'s dtype; state arithmetic in fp32.
     ``algorithm``: ``"recurrent"`` (token by token: decode and spec rows) or ``"chunked"``
-    ({chunk} tokens at a time as matrix products, for long prefill rows: the same results
-    within rounding, not the same bits; a row's chunks start at its first token in the
-    launch, so its bits depend on where its tokens were split into launches).
+    ({chunk} tokens at a time as matrix products: the same results within rounding, not the
+    same bits; a row's chunks start at its first token in the launch, so its bits depend
+    on where its tokens were split into launches; not yet faster on the GPU).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

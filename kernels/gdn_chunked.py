@@ -1,9 +1,10 @@
 """The gated delta rule of docs/semantics.md §4 by chunks of ``CHUNK`` tokens: the same
 launch, rows, blocks and faults as :mod:`.gdn` (whose kernels call :func:`gdn_chunked` when
 their plan asks for ``algorithm="chunked"``), with a row's tokens taken ``CHUNK`` at a time
-as matrix products instead of one by one. For prefill rows: the recurrence then costs a few
-``[CHUNK, CHUNK]`` and ``[CHUNK, K]`` products per chunk instead of ``CHUNK`` dependent
-state updates.
+as matrix products instead of one by one, for prefill rows: a few ``[CHUNK, CHUNK]`` and
+``[CHUNK, K]`` products per chunk instead of ``CHUNK`` dependent state updates. (On the
+GPU it is not yet faster than the token-by-token kernel: each program still walks its
+chunks in order, a solve on every chunk's path; benchmarks/README.md.)
 
 Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, normalised), with
 ``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... + g_i`` and ``S0`` the

@@ -301,9 +301,9 @@ SELECTIVE_STATE_UPDATE = Op(
     defaults to off); ``h = h * exp(d * A) + (d * x) ⊗ B``; ``y = h @ C + D * x``.
     Returns ``y`` ``[T_total, H, P]`` in ``x``'s dtype (gate it with ``rms_norm_gated``,
     as Mamba2 does). ``algorithm``: ``"recurrent"`` (token by token) or ``"chunked"`` (16
-    tokens at a time as matrix products, Mamba2's chunked scan, for long prefill rows: the
-    same results within rounding, not the same bits; a row's chunks start at its first
-    token in the launch).
+    tokens at a time as matrix products, Mamba2's chunked scan: the same results within
+    rounding, not the same bits; a row's chunks start at its first token in the launch;
+    not timed on the GPU).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is
