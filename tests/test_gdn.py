@@ -98,11 +98,16 @@ def faulty_rows():
             np.array([0, 0, 1, 0]))
 
 
-# the fault tests run both algorithms (kernels/gdn_chunked.py shares the rows and faults)
+# the fault tests run both algorithms (kernels/gdn_chunked.py shares the rows and faults);
+# with the `backend` fixture, the reference (which has one) runs once
 ALGORITHMS = pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+BACKEND_ALGORITHMS = pytest.mark.parametrize(
+    "backend,algorithm", [("reference", "recurrent"), ("torch", "recurrent"),
+                          ("torch", "chunked"), ("jax", "recurrent"), ("jax", "chunked")],
+    indirect=["backend"])
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_faulty_rows_are_flagged_and_write_nothing(backend, algorithm):
     pool, q, k, v, sl, cu, rb, wbs, spec = faulty_rows()
     o, out, err = backend.gdn(pool, q, k, v, sl, cu, rb, wbs, spec, layer=1,
@@ -156,7 +161,7 @@ def test_a_one_row_launch_matches_the_reference(device_backend, case, algorithm)
     close(out, rout, 1e-5)
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_write_blocks_a_row_does_not_use_are_not_checked(backend, algorithm):
     # the kernel loads a row's whole window of write blocks; the columns past what the row
     # writes (a non-spec row's 1.., a spec row's n..) may hold any id: no fault, no write
@@ -194,7 +199,7 @@ def seqlens_launch(backend, cu, spec, algorithm):
     return pool, wb, got, ref
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 @pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
 def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad,
                                                                    algorithm):
@@ -203,7 +208,7 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
                          *seqlens_launch(backend, cu, 0, algorithm), 1e-5, 1e-5)
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend, algorithm):
     # rows 9 and 10 end past T_total, row 11 runs backwards; row 9 (41 tokens) is also a
     # spec row longer than its window
@@ -212,7 +217,7 @@ def test_a_wild_row_length_gives_the_references_bits_on_spec_rows(backend, algor
                          *seqlens_launch(backend, cu, 1, algorithm), 1e-5, 1e-5)
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_rows_without_tokens_still_flag_bad_ids(backend, algorithm):
     rng = np.random.default_rng(9)
     pool, q, k, v, gates = inputs(rng, 1, 2, 8, 8)

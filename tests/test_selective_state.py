@@ -57,11 +57,15 @@ WRITTEN = [1, 2, 4, 5, 6, 8]  # the write blocks the rows above use in layer 1
 
 
 # the tests that run both algorithms (kernels/selective_state_chunked.py shares the rows,
-# blocks and faults; its rows of several chunks are tested at the end of the file)
-ALGORITHMS = pytest.mark.parametrize("algorithm", ["recurrent", "chunked"])
+# blocks and faults; its rows of several chunks are tested at the end of the file); the
+# reference, which has one, runs once
+BACKEND_ALGORITHMS = pytest.mark.parametrize(
+    "backend,algorithm", [("reference", "recurrent"), ("torch", "recurrent"),
+                          ("torch", "chunked"), ("jax", "recurrent"), ("jax", "chunked")],
+    indirect=["backend"])
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 @pytest.mark.parametrize("H,G,P,N,dt_softplus", CASES)
 def test_matches_the_reference(backend, H, G, P, N, dt_softplus, algorithm):
     rng = np.random.default_rng(P + N)
@@ -113,7 +117,7 @@ def test_half_inputs_on_an_fp32_pool(backend, dtype, pool_dtype):
     close(out, rout, 1e-5)  # the state's arithmetic is fp32 on the inputs as given
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_bf16_inputs_and_state(backend, algorithm):
     rng = np.random.default_rng(1)
     bf = ml_dtypes.bfloat16
@@ -144,7 +148,7 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, [4, 5, 6]], out[1, [4, 5, 6]])
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_faulty_rows_are_flagged_and_write_nothing(backend, algorithm):
     # a read block past NB; a write block below -1; a spec row of 4 > 1 + S tokens; a good
     # row; two heads of two head-dim tiles each (P = 12): every program of a faulty row
@@ -166,7 +170,7 @@ def test_faulty_rows_are_flagged_and_write_nothing(backend, algorithm):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_write_blocks_a_row_does_not_use_are_not_checked(backend, algorithm):
     # the columns past what a row writes (a non-spec row's 1.., a spec row's n..) may hold
     # any id: no fault, no write
@@ -183,7 +187,7 @@ def test_write_blocks_a_row_does_not_use_are_not_checked(backend, algorithm):
     np.testing.assert_array_equal(out[1, untouched], pool[1, untouched])
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 @pytest.mark.parametrize("changed, bad", SEQLENS_CASES)
 def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, changed, bad,
                                                                    algorithm):
@@ -200,7 +204,7 @@ def test_a_bad_cu_seqlens_entry_faults_only_the_rows_that_read_it(backend, chang
     check_seqlens_launch(cu, bad, int(Fault.BAD_CU_SEQLENS), pool, wb, got, ref, 1e-5, 1e-5)
 
 
-@ALGORITHMS
+@BACKEND_ALGORITHMS
 def test_rows_without_tokens_still_flag_bad_ids(backend, algorithm):
     rng = np.random.default_rng(9)
     pool, ins = inputs(rng, 2, 1, 8, 8, T=0)
