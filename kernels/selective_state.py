@@ -54,100 +54,8 @@ def _token_inputs(x_ptr, dt_ptr, B_ptr, C_ptr, t, live, x_head, bc_head, i_h, x_
     return x, dt, b, c
 
 
-@triton.jit
-def _ssu(
-    x_ptr,  # [T, H, P]
-    dt_ptr,  # [T, H]
-    A_ptr,  # [H]
-    B_ptr,  # [T, G, N]
-    C_ptr,  # [T, G, N], B's strides
-    D_ptr,  # [H]
-    dt_bias_ptr,  # [H]
-    cu_seqlens_ptr,
-    read_block_ptr,
-    write_blocks_ptr,  # [N_rows, WIN]
-    is_spec_ptr,
-    num_tokens,
-    x_stride_t,
-    x_stride_h,
-    dt_stride,
-    bc_stride_t,
-    bc_stride_g,
-    wb_stride,
-    layer_offset,
-    block_stride,
-    head_stride,
-    num_blocks,
-    y_ptr,  # [T, H, P]
-    pool_ptr,
-    errors_ptr,
-    P: tl.constexpr,
-    N: tl.constexpr,
-    BP: tl.constexpr,
-    BN: tl.constexpr,
-    WIN: tl.constexpr,
-    WIN_PAD: tl.constexpr,
-    SOFTPLUS: tl.constexpr,
-    ALIGN: tl.constexpr,
-    X_ALIGN: tl.constexpr,
-    BC_ALIGN: tl.constexpr,
-    H: tl.constexpr,
-    GROUP: tl.constexpr,  # H // G
-):
-    row, i_h, i_p = head_program(H, (P + BP - 1) // BP)
-    t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
-                                                write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
-                                                WIN_PAD)
-    nn = tl.arange(0, BN).to(tl.int64)
-    pp = i_p * BP + tl.arange(0, BP).to(tl.int64)
-    nmask, pmask = nn < N, pp < P
-    smask = pmask[:, None] & nmask[None, :]
-    s_offs = pp[:, None] * N + nn[None, :]  # the state of one head: [P, N]
-    head, block_stride = head_offset(layer_offset, i_h, head_stride, block_stride, ALIGN)
-    # loaded before the row's checks are known (every address in bounds whatever the ids;
-    # nothing is stored unless the row is clean), so the checks add no round trip
-    s = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + s_offs,
-                mask=smask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
-    A = tl.load(A_ptr + i_h).to(tl.float32)
-    D = tl.load(D_ptr + i_h).to(tl.float32)
-    dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
-    x_head = i_h * x_stride_h + i_p * BP
-    bc_head = (i_h // GROUP) * bc_stride_g
-    pt = tl.arange(0, BP)
-    x, dt, b, c = _token_inputs(x_ptr, dt_ptr, B_ptr, C_ptr, t0,
-                                (t0 >= 0) & (t0 < num_tokens) & (n > 0), x_head, bc_head, i_h,
-                                x_stride_t, dt_stride, bc_stride_t, pt, nn, pmask, nmask,
-                                X_ALIGN, BC_ALIGN)
-
-    fault = recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN)
-    if (i_h == 0) & (i_p == 0):
-        flag_row(errors_ptr, row, fault)
-    out_y = y_ptr + i_h * P + pp
-    clear_faulty_row(out_y, t0, t1, H * P, fault, pmask, BP)
-    if fault == 0:
-        tl.debug_barrier()  # the whole initial state is loaded before any store
-        for j in range(0, n):
-            t = t0 + j
-            # the next token's inputs, loaded while this one computes
-            x_next, dt_next, b_next, c_next = _token_inputs(
-                x_ptr, dt_ptr, B_ptr, C_ptr, t + 1, j + 1 < n, x_head, bc_head, i_h, x_stride_t,
-                dt_stride, bc_stride_t, pt, nn, pmask, nmask, X_ALIGN, BC_ALIGN)
-            xf = x.to(tl.float32)
-            d = dt.to(tl.float32) + dt_bias
-            if SOFTPLUS:
-                d = softplus(d)
-            s = s * tl.exp(d * A) + (d * xf)[:, None] * b.to(tl.float32)[None, :]
-            y = tl.sum(s * c.to(tl.float32)[None, :], axis=1) + D * xf
-            tl.store(out_y + t * H * P, y.to(y_ptr.dtype.element_ty), mask=pmask)
-            wj = candidate_block(jw, wb, spec, j)
-            if spec | (j == n - 1):
-                tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
-                         s.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            x, dt, b, c = x_next, dt_next, b_next, c_next
-
-
-# The kernel names its parameters as its op's arrays (the launch ABI); its body is _ssu, or
-# with CHUNK > 0 .selective_state_chunked.
+# The kernel names its parameters as its op's arrays (the launch ABI); with CHUNK > 0 its
+# body is .selective_state_chunked.
 @same_binary_jit
 def selective_state_update_kernel(
     pool_in_ptr,  # aliased with pool_ptr
@@ -198,12 +106,57 @@ def selective_state_update_kernel(
             dt_stride, bc_stride_t, bc_stride_g, wb_stride, layer_offset, block_stride,
             head_stride, num_blocks, y_ptr, pool_ptr, errors_ptr, P, N, BP, BN, WIN, WIN_PAD,
             SOFTPLUS, ALIGN, X_ALIGN, BC_ALIGN, H, GROUP, CHUNK)
-    else:
-        _ssu(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_ptr, cu_seqlens_ptr,
-             read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, x_stride_t, x_stride_h,
-             dt_stride, bc_stride_t, bc_stride_g, wb_stride, layer_offset, block_stride,
-             head_stride, num_blocks, y_ptr, pool_ptr, errors_ptr, P, N, BP, BN, WIN, WIN_PAD,
-             SOFTPLUS, ALIGN, X_ALIGN, BC_ALIGN, H, GROUP)
+    else:  # token by token
+        row, i_h, i_p = head_program(H, (P + BP - 1) // BP)
+        t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
+                                                    write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
+                                                    WIN_PAD)
+        nn = tl.arange(0, BN).to(tl.int64)
+        pp = i_p * BP + tl.arange(0, BP).to(tl.int64)
+        nmask, pmask = nn < N, pp < P
+        smask = pmask[:, None] & nmask[None, :]
+        s_offs = pp[:, None] * N + nn[None, :]  # the state of one head: [P, N]
+        head, block_stride = head_offset(layer_offset, i_h, head_stride, block_stride, ALIGN)
+        # loaded before the row's checks are known (every address in bounds whatever the ids;
+        # nothing is stored unless the row is clean), so the checks add no round trip
+        s = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + s_offs,
+                    mask=smask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
+        A = tl.load(A_ptr + i_h).to(tl.float32)
+        D = tl.load(D_ptr + i_h).to(tl.float32)
+        dt_bias = tl.load(dt_bias_ptr + i_h).to(tl.float32)
+        x_head = i_h * x_stride_h + i_p * BP
+        bc_head = (i_h // GROUP) * bc_stride_g
+        pt = tl.arange(0, BP)
+        x, dt, b, c = _token_inputs(x_ptr, dt_ptr, B_ptr, C_ptr, t0,
+                                    (t0 >= 0) & (t0 < num_tokens) & (n > 0), x_head, bc_head, i_h,
+                                    x_stride_t, dt_stride, bc_stride_t, pt, nn, pmask, nmask,
+                                    X_ALIGN, BC_ALIGN)
+
+        fault = recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN)
+        if (i_h == 0) & (i_p == 0):
+            flag_row(errors_ptr, row, fault)
+        out_y = y_ptr + i_h * P + pp
+        clear_faulty_row(out_y, t0, t1, H * P, fault, pmask, BP)
+        if fault == 0:
+            tl.debug_barrier()  # the whole initial state is loaded before any store
+            for j in range(0, n):
+                t = t0 + j
+                # the next token's inputs, loaded while this one computes
+                x_next, dt_next, b_next, c_next = _token_inputs(
+                    x_ptr, dt_ptr, B_ptr, C_ptr, t + 1, j + 1 < n, x_head, bc_head, i_h, x_stride_t,
+                    dt_stride, bc_stride_t, pt, nn, pmask, nmask, X_ALIGN, BC_ALIGN)
+                xf = x.to(tl.float32)
+                d = dt.to(tl.float32) + dt_bias
+                if SOFTPLUS:
+                    d = softplus(d)
+                s = s * tl.exp(d * A) + (d * xf)[:, None] * b.to(tl.float32)[None, :]
+                y = tl.sum(s * c.to(tl.float32)[None, :], axis=1) + D * xf
+                tl.store(out_y + t * H * P, y.to(y_ptr.dtype.element_ty), mask=pmask)
+                wj = candidate_block(jw, wb, spec, j)
+                if spec | (j == n - 1):
+                    tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
+                             s.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
+                x, dt, b, c = x_next, dt_next, b_next, c_next
 
 
 @functools.lru_cache(maxsize=256, typed=True)

@@ -60,7 +60,7 @@ def selective_state_chunked(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_p
                             H: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
     """One program: a row's head ``i_h``, head-dim rows ``[i_p BP, (i_p + 1) BP)``, all its
     tokens, ``CHUNK`` at a time (the module's docstring); the arrays are
-    :func:`.selective_state._ssu`'s."""
+    :func:`.selective_state.selective_state_update_kernel`'s."""
     row, i_h, i_p = head_program(H, (P + BP - 1) // BP)
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
                                                 write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
