@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent import candidate_block, chunk_at, chunk_decays, chunk_dot, chunk_row, \
+from .recurrent import candidate_block, chunk_decays, chunk_dot, chunk_state, \
     clear_faulty_row, decay_gates, head_offset, head_program, recurrent_fault, recurrent_row
 from .rows import aligned_base, flag_row
 
@@ -147,15 +147,11 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                      mask=live[:, None] & vmask[None, :])
             if spec:  # every candidate: the state after token c + j
                 for j in range(0, tl.minimum(CHUNK, n - c)):
-                    Dj = chunk_row(decay, j, CHUNK)
-                    sj = (tl.exp(chunk_at(G, j, CHUNK)) * s
-                          + chunk_dot(tl.trans(k * Dj[:, None]), u))
+                    sj = chunk_state(s, G, decay, j, k, u, CHUNK)
                     wj = candidate_block(jw, wb, spec, c + j)
                     tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
                              sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            D_last = chunk_row(decay, CHUNK - 1, CHUNK)
-            s = (tl.exp(chunk_at(G, CHUNK - 1, CHUNK)) * s
-                 + chunk_dot(tl.trans(k * D_last[:, None]), u))
+            s = chunk_state(s, G, decay, CHUNK - 1, k, u, CHUNK)
             t, live = t_next, live_next
             q_in, k_in, v_in, ga, gb = q_nx, k_nx, v_nx, ga_nx, gb_nx
         if ~spec & (n > 0):

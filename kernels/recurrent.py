@@ -110,16 +110,14 @@ def chunk_decays(g, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def chunk_row(m, j, CHUNK: tl.constexpr):
-    """Row ``j`` of ``m`` ``[CHUNK, CHUNK]``."""
+def chunk_state(s, G, decay, j, a, b, CHUNK: tl.constexpr):
+    """A chunked kernel's state after the chunk's token ``j``: ``exp(G_j) s`` plus
+    ``sum_{i <= j} exp(D[j, i]) a_i b_i^T`` (``a`` ``[CHUNK, M]``, ``b`` ``[CHUNK, L]``,
+    ``s`` ``[M, L]``; ``G``, ``decay`` as :func:`chunk_decays` gives them)."""
     r = tl.arange(0, CHUNK)
-    return tl.sum(tl.where(r[:, None] == j, m, 0.0), axis=0)
-
-
-@triton.jit
-def chunk_at(v, j, CHUNK: tl.constexpr):
-    """Element ``j`` of ``v`` ``[CHUNK]``."""
-    return tl.sum(tl.where(tl.arange(0, CHUNK) == j, v, 0.0), axis=0)
+    G_j = tl.sum(tl.where(r == j, G, 0.0), axis=0)
+    decay_j = tl.sum(tl.where(r[:, None] == j, decay, 0.0), axis=0)  # row j: exp(D[j, :])
+    return tl.exp(G_j) * s + chunk_dot(tl.trans(a * decay_j[:, None]), b)
 
 
 @triton.jit

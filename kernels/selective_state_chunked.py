@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent import candidate_block, chunk_at, chunk_decays, chunk_dot, chunk_row, \
+from .recurrent import candidate_block, chunk_decays, chunk_dot, chunk_state, \
     clear_faulty_row, head_offset, head_program, recurrent_fault, recurrent_row, softplus
 from .rows import aligned_base, flag_row
 
@@ -116,15 +116,11 @@ def selective_state_chunked(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_p
                      mask=live[:, None] & pmask[None, :])
             if spec:  # every candidate: the state after token c + j
                 for j in range(0, tl.minimum(CHUNK, n - c)):
-                    Dj = chunk_row(decay, j, CHUNK)
-                    sj = (tl.exp(chunk_at(G, j, CHUNK)) * s
-                          + chunk_dot(tl.trans(X * Dj[:, None]), bf))
+                    sj = chunk_state(s, G, decay, j, X, bf, CHUNK)
                     wj = candidate_block(jw, wb, spec, c + j)
                     tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
                              sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            D_last = chunk_row(decay, CHUNK - 1, CHUNK)
-            s = (tl.exp(chunk_at(G, CHUNK - 1, CHUNK)) * s
-                 + chunk_dot(tl.trans(X * D_last[:, None]), bf))
+            s = chunk_state(s, G, decay, CHUNK - 1, X, bf, CHUNK)
             t, live = t_next, live_next
             x_in, dt_in, b_in, c_in = x_nx, dt_nx, b_nx, c_nx
         if ~spec & (n > 0):
