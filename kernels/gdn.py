@@ -7,8 +7,9 @@ block) completely, then runs the row's tokens in order in fp32, storing ``o`` pe
 and the state to the row's write blocks: after every token on spec rows, once at the end
 otherwise. Tiles never depend on the batch, so a row's bits do not either.
 
-``algorithm="chunked"`` launches the same grid with :mod:`.gdn_chunked`'s body instead (a
-row's tokens by chunks, as matrix products); its kernels carry no register cap.
+``algorithm="chunked"`` launches :mod:`.gdn_chunked`'s two kernels instead (a row's tokens
+by chunks, as matrix products: every chunk's triangular solve at once, then the same grid
+as here walking the chunks); they carry no register cap.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import triton.language as tl
 
 from . import gdn_chunked as chunked
 from .bookkeeping import check_errors
-from .gdn_chunked import gdn_chunked
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
                    check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
@@ -183,36 +183,8 @@ def _gdn(
             q, k, v, ga, gb = q_next, k_next, v_next, ga_next, gb_next
 
 
-@triton.jit
-def _body(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
-          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
-          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
-          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K: tl.constexpr,
-          V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, WIN: tl.constexpr,
-          WIN_PAD: tl.constexpr, LAYOUT_KV: tl.constexpr, FUSED_GATES: tl.constexpr,
-          L2NORM: tl.constexpr, ALIGN: tl.constexpr, QK_ALIGN: tl.constexpr,
-          V_ALIGN: tl.constexpr, STREAM: tl.constexpr, STATE_FIRST: tl.constexpr,
-          HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
-    """:func:`_gdn` (``CHUNK = 0``) or :func:`.gdn_chunked.gdn_chunked`."""
-    if CHUNK > 0:
-        gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
-                    cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens,
-                    qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride,
-                    layer_offset, block_stride, head_stride, num_blocks, scale, o_ptr,
-                    pool_ptr, errors_ptr, K, V, BK, BV, WIN, WIN_PAD, LAYOUT_KV, FUSED_GATES,
-                    L2NORM, ALIGN, QK_ALIGN, V_ALIGN, HV, GROUP, CHUNK)
-    else:
-        _gdn(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
-             cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens,
-             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride,
-             layer_offset, block_stride, head_stride, num_blocks, scale, o_ptr, pool_ptr,
-             errors_ptr, K, V, BK, BV, WIN, WIN_PAD, LAYOUT_KV, FUSED_GATES, L2NORM, ALIGN,
-             QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV, GROUP)
-
-
 # One kernel per op, each naming its parameters as its op's arrays (the launch ABI);
-# the body is _gdn (or, chunked, gdn_chunked), compiled with or without the in-kernel
-# gates. Each function makes two kernels: the chunked one without the register cap.
+# the body is _gdn, compiled with or without the in-kernel gates.
 def gated_delta_rule_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
@@ -255,14 +227,13 @@ def gated_delta_rule_kernel(
     STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
-    CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _body(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr,
-          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
-          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
-          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-          WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
-          GROUP, CHUNK)
+    _gdn(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr,
+         read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
+         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+         WIN_PAD, LAYOUT_KV, False, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+         GROUP)
 
 
 def gated_delta_rule_fused_gates_kernel(
@@ -309,26 +280,19 @@ def gated_delta_rule_fused_gates_kernel(
     STATE_FIRST: tl.constexpr,
     HV: tl.constexpr,
     GROUP: tl.constexpr,
-    CHUNK: tl.constexpr,  # 0: token by token; else .gdn_chunked
 ):
-    _body(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
-          read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
-          v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
-          head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
-          WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
-          GROUP, CHUNK)
+    _gdn(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+         read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens, qk_stride_t, qk_stride_h,
+         v_stride_t, v_stride_h, gate_stride, wb_stride, layer_offset, block_stride,
+         head_stride, num_blocks, scale, o_ptr, pool_ptr, errors_ptr, K, V, BK, BV, WIN,
+         WIN_PAD, LAYOUT_KV, True, L2NORM, ALIGN, QK_ALIGN, V_ALIGN, STREAM, STATE_FIRST, HV,
+         GROUP)
 
 
-gated_delta_rule_chunked_kernel = same_binary_jit(gated_delta_rule_kernel)
-gated_delta_rule_fused_gates_chunked_kernel = same_binary_jit(gated_delta_rule_fused_gates_kernel)
 gated_delta_rule_kernel = same_binary_jit(gated_delta_rule_kernel)
 gated_delta_rule_fused_gates_kernel = same_binary_jit(gated_delta_rule_fused_gates_kernel)
 gated_delta_rule_kernel.maxnreg = REGISTER_CAP
 gated_delta_rule_fused_gates_kernel.maxnreg = REGISTER_CAP
-_KERNELS = {  # (in-kernel gates, chunked)
-    (False, False): gated_delta_rule_kernel, (True, False): gated_delta_rule_fused_gates_kernel,
-    (False, True): gated_delta_rule_chunked_kernel,
-    (True, True): gated_delta_rule_fused_gates_chunked_kernel}
 
 
 def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens, read_block,
@@ -377,39 +341,79 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     if (isinstance(scale, bool) or not isinstance(scale, (int, float))
             or not 0 <= scale < float("inf")):
         raise ValueError(f"scale must be a finite float >= 0 (0: K^-1/2), got {scale!r}")
-    chunk = chunked.CHUNK if algorithm == "chunked" else 0
-    # tl.dot needs 16 rows and columns at least
-    bv = max(16, min(chunked.BV, next_pow2(V))) if chunk else min(BV, next_pow2(V))
-    bk = max(16, next_pow2(K)) if chunk else next_pow2(K)
-    tiles = cdiv(V, bv)
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)
     align = largest_align((scal["layer_stride"], scal["block_stride"], pool.strides[2]), 16)
-    gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
-    return LaunchPlan(
-        kernel=_KERNELS[fused, chunk > 0],
-        grid=(max(1, rows * HV * tiles),),
-        inputs=("pool", "errors", "q", "k", "v") + gates + ("cu_seqlens", "read_block",
-                                                            "write_blocks", "is_spec"),
-        scalars=(("num_tokens", T),
-                 ("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
-                 ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
-                 ("gate_stride", gate_a.strides[0]), ("wb_stride", write_blocks.strides[0]),
+    pool_scal = (("wb_stride", write_blocks.strides[0]),
                  ("layer_offset", layer * scal["layer_stride"]),
                  ("block_stride", scal["block_stride"]), ("head_stride", pool.strides[2]),
                  ("num_blocks", scal["num_blocks"]),
-                 ("scale", float(scale) if scale > 0 else K ** -0.5)),
+                 ("scale", float(scale) if scale > 0 else K ** -0.5))
+    row_ids = ("cu_seqlens", "read_block", "write_blocks", "is_spec")
+    common = {"K": K, "V": V, "WIN": win, "WIN_PAD": next_pow2(win),
+              "LAYOUT_KV": layout == "KV", "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
+              "QK_ALIGN": io_align(q, q.strides[:2]), "HV": HV, "GROUP": HV // H}
+    gates = ("a", "b", "A_log", "dt_bias") if fused else ("g", "beta")
+    strides = (("qk_stride_t", q.strides[0]), ("qk_stride_h", q.strides[1]),
+               ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
+               ("gate_stride", gate_a.strides[0]))
+    if algorithm == "chunked":
+        return _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates,
+                             common, fused)
+    bv = min(BV, next_pow2(V))
+    return LaunchPlan(
+        kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,
+        grid=(max(1, rows * HV * cdiv(V, bv)),),
+        inputs=("pool", "errors", "q", "k", "v") + gates + row_ids,
+        scalars=(("num_tokens", T),) + strides + pool_scal,
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
-        constexprs={"K": K, "V": V, "BK": bk, "BV": bv, "WIN": win,
-                    "WIN_PAD": next_pow2(win), "LAYOUT_KV": layout == "KV",
-                    "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
-                    "QK_ALIGN": io_align(q, q.strides[:2]), "V_ALIGN": io_align(v, v.strides[:2]),
-                    "STREAM": not chunk and rows < STREAM_BELOW,
-                    "STATE_FIRST": not chunk and rows < STATE_FIRST_BELOW,
-                    "HV": HV, "GROUP": HV // H, "CHUNK": chunk},
-        num_warps=chunked.NUM_WARPS if chunk else NUM_WARPS,
+        constexprs=dict(common, BK=next_pow2(K), BV=bv, V_ALIGN=io_align(v, v.strides[:2]),
+                        STREAM=rows < STREAM_BELOW, STATE_FIRST=rows < STATE_FIRST_BELOW),
+        num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
+    )
+
+
+def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates, common,
+                  fused) -> LaunchPlan:
+    """``algorithm="chunked"``: step 1 (:mod:`.gdn_chunked`, its solve for every chunk at
+    once) as the plan's ``before`` stage, writing the fp32 scratch arrays step 2 reads."""
+    chunk = chunked.CHUNK
+    bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
+    # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
+    # per (row, head); which program takes a chunk changes no arithmetic
+    split = min(chunked.MAX_SPLIT, next_pow2(max(1, cdiv(cdiv(T, chunk), max(1, rows)))))
+    prepare = LaunchPlan(
+        kernel=(chunked.gdn_chunk_prepare_fused_gates_kernel if fused
+                else chunked.gdn_chunk_prepare_kernel),
+        grid=(max(1, rows * HV * split),),
+        inputs=("k", "v") + gates + ("cu_seqlens",),
+        scalars=(("num_tokens", T),) + strides,
+        outputs=("chunk_g", "chunk_w", "chunk_u"),
+        out_specs={"chunk_g": Output((T, HV), "float32"),
+                   "chunk_w": Output((T, HV, K), "float32"),
+                   "chunk_u": Output((T, HV, V), "float32")},
+        constexprs={"K": K, "V": V, "BK": bk, "BVF": max(16, next_pow2(V)),
+                    "L2NORM": common["L2NORM"], "QK_ALIGN": common["QK_ALIGN"],
+                    "V_ALIGN": io_align(v, v.strides[:2]), "HV": HV, "GROUP": HV // H,
+                    "CHUNK": chunk, "SPLIT": split},
+        num_warps=chunked.PREPARE_WARPS,
+        skip=rows == 0,
+    )
+    bv = max(16, min(chunked.BV, next_pow2(V)))
+    return LaunchPlan(
+        kernel=chunked.gated_delta_rule_chunked_kernel,
+        grid=(max(1, rows * HV * cdiv(V, bv)),),
+        inputs=("pool", "errors", "q", "k") + row_ids + ("chunk_g", "chunk_w", "chunk_u"),
+        scalars=(("num_tokens", T),) + strides[:2] + pool_scal,
+        outputs=("o", "pool", "errors"),
+        out_specs={"o": Output((T, HV, V), q.dtype)},
+        constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
+        num_warps=chunked.NUM_WARPS,
+        aliases={"pool": "pool", "errors": "errors"},
+        skip=rows == 0,
+        before=(prepare,),
     )
 
 

@@ -1,17 +1,24 @@
-"""The gated delta rule of docs/semantics.md §4 by chunks of ``CHUNK`` tokens: the same
-launch, rows, blocks and faults as :mod:`.gdn` (whose kernels call :func:`gdn_chunked` when
-their plan asks for ``algorithm="chunked"``), with a row's tokens taken ``CHUNK`` at a time
-as matrix products instead of one by one, for prefill rows: a few ``[CHUNK, CHUNK]`` and
-``[CHUNK, K]`` products per chunk instead of ``CHUNK`` dependent state updates. (On the
-GPU it is not yet faster than the token-by-token kernel: each program still walks its
-chunks in order, a solve on every chunk's path; benchmarks/README.md.)
+"""The gated delta rule of docs/semantics.md §4 by chunks of ``CHUNK`` tokens, for prefill
+rows: the same rows, read and write blocks, spec candidates and faults as :mod:`.gdn`, with a
+row's tokens taken ``CHUNK`` at a time as matrix products, in two launches (the plan's
+``before`` stage, then the recurrence):
 
-Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, normalised), with
-``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... + g_i`` and ``S0`` the
-state ``[K, V]`` at the chunk's start, the delta rule's per-token corrections ``U``
-``[C, V]`` solve the unit lower triangular system
+1. :func:`gdn_chunk_prepare_kernel` (or ``..._fused_gates_kernel``): every chunk of every
+   row and value head at once, in parallel. Its triangular solve, which needs no state,
+   leaves the recurrence as fp32 scratch arrays indexed like the tokens: the log decays
+   ``chunk_g`` ``[T, HV]``, ``chunk_w`` ``[T, HV, K]`` and ``chunk_u`` ``[T, HV, V]``.
+2. :func:`gated_delta_rule_chunked_kernel`: one program per (row, value head, ``BV`` value
+   columns), the token-by-token kernel's grid, walking its row's chunks in order; per chunk
+   a few products with the state, no solve.
+
+Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, ``q`` and ``k``
+normalised), with ``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... +
+g_i`` and ``S0`` the state ``[K, V]`` at the chunk's start, the delta rule's per-token
+corrections ``U`` ``[C, V]`` solve the unit lower triangular system
 ``(I + M) U = beta * v - (beta * exp(G) * k) S0`` with
-``M[i, j] = beta_i (k_i . k_j) exp(D[i, j])`` for ``j < i``. Then:
+``M[i, j] = beta_i (k_i . k_j) exp(D[i, j])`` for ``j < i``. So ``U = U0 - W S0`` with
+``U0 = (I + M)^-1 (beta * v)`` and ``W = (I + M)^-1 (beta * exp(G) * k)``, which do not
+depend on the state (step 1). Then (step 2):
 
 - ``o_i = exp(G_i) q_i S0 + sum_{j <= i} exp(D[i, j]) (q_i . k_j) U_j``;
 - the state after token ``i``: ``exp(G_i) S0 + sum_{j <= i} exp(D[i, j]) k_j U_j^T``
@@ -19,8 +26,8 @@ state ``[K, V]`` at the chunk's start, the delta rule's per-token corrections ``
 
 ``(I + M)^-1`` comes from forward substitution, one row per loop trip. The products are
 ``tl.dot`` in fp32 at ``recurrent.DOT_PRECISION``, so the rounding is the recurrence's order of
-magnitude, not its bits (the two algorithms sum in different orders). Tiles never depend on
-the batch.
+magnitude, not its bits (the two algorithms sum in different orders). A chunk's arithmetic
+depends on its own tokens only, never on which program of step 1 took it or on the batch.
 """
 
 from __future__ import annotations
@@ -28,29 +35,32 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .jit import same_binary_jit
 from .recurrent import candidate_block, chunk_decays, chunk_dot, chunk_state, \
     clear_faulty_row, decay_gates, head_offset, head_program, recurrent_fault, recurrent_row
-from .rows import aligned_base, flag_row
+from .rows import aligned_base, flag_row, range_fault
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
-BV = 32  # value columns per program (at least 16: tl.dot)
-NUM_WARPS = 8
+BV = 32  # value columns per program of step 2 (at least 16: tl.dot)
+NUM_WARPS = 8  # step 2
+PREPARE_WARPS = 4  # step 1
+#: step 1's programs per (row, value head) at most; each takes every SPLIT-th chunk
+MAX_SPLIT = 64
+
+
 @triton.jit
-def _chunk_inputs(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head,
-                  i_hv, qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask,
-                  QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr, BV: tl.constexpr):
-    """The tokens ``t``'s (``[CHUNK]``) q, k ``[CHUNK, BK]``, v ``[CHUNK, BV]`` and two gates
-    ``[CHUNK]``, as stored, zero where ``live`` is false."""
-    qk_rows = aligned_base(qk_head, t, qk_stride_t, QK_ALIGN)
-    qk_mask = live[:, None] & kmask[None, :]
-    q = tl.load(q_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask, other=0)
-    k = tl.load(k_ptr + qk_rows[:, None] + kk[None, :], mask=qk_mask, other=0)
-    v_rows = aligned_base(v_head, t, v_stride_t, V_ALIGN)
-    v = tl.load(v_ptr + v_rows[:, None] + tl.arange(0, BV)[None, :],
-                mask=live[:, None] & vmask[None, :], other=0)
-    ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0)
-    gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0)
-    return q, k, v, ga, gb
+def _chunk_rows(ptr, head, t, stride_t, live, cols, colmask, ALIGN: tl.constexpr):
+    """``[CHUNK, len(cols)]``: the tokens ``t``'s (``[CHUNK]``) elements at ``head + cols``
+    of an array with token stride ``stride_t``, zero where ``live`` is false."""
+    rows = aligned_base(head, t, stride_t, ALIGN)
+    return tl.load(ptr + rows[:, None] + cols[None, :], mask=live[:, None] & colmask[None, :],
+                   other=0)
+
+
+@triton.jit
+def _normalised(x):
+    """The rows of ``x`` ``[CHUNK, BK]`` (fp32) scaled to unit length (the l2norm option)."""
+    return x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
 
 
 @triton.jit
@@ -69,18 +79,147 @@ def _unit_lower_inverse(a, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
-                cu_seqlens_ptr, read_block_ptr, write_blocks_ptr, is_spec_ptr, num_tokens,
-                qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, wb_stride,
-                layer_offset, block_stride, head_stride, num_blocks, scale, o_ptr, pool_ptr,
-                errors_ptr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-                BV: tl.constexpr, WIN: tl.constexpr, WIN_PAD: tl.constexpr,
-                LAYOUT_KV: tl.constexpr, FUSED_GATES: tl.constexpr, L2NORM: tl.constexpr,
-                ALIGN: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
-                HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr):
-    """One program: a row's value head ``i_hv``, value columns ``[i_v BV, (i_v + 1) BV)``,
-    all its tokens, ``CHUNK`` at a time (the module's docstring); the arrays are
-    :func:`.gdn._gdn`'s."""
+def _prepare(k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+             num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride,
+             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, K: tl.constexpr, V: tl.constexpr,
+             BK: tl.constexpr, BVF: tl.constexpr, FUSED_GATES: tl.constexpr,
+             L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
+             HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr):
+    """Step 1 (the module's docstring): one program per (row, value head, one of ``SPLIT``),
+    which takes the row's chunks ``i_split, i_split + SPLIT, ...``. A row whose own
+    ``cu_seqlens`` entries are bad is left alone (step 2 flags it); other faults do not
+    matter here: step 2 reads nothing of a row it skips."""
+    row, i_hv, i_split = head_program(HV, SPLIT)
+    t0 = tl.load(cu_seqlens_ptr + row).to(tl.int64)
+    t1 = tl.load(cu_seqlens_ptr + row + 1).to(tl.int64)
+    n = t1 - t0
+    if range_fault(t0, t1, num_tokens) == 0:
+        kk = tl.arange(0, BK).to(tl.int64)
+        vv = tl.arange(0, BVF).to(tl.int64)
+        kmask, vmask = kk < K, vv < V
+        A = 0.0  # the decay rate, exp(A_log)
+        dt_bias = 0.0
+        if FUSED_GATES:
+            A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
+            dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
+        r = tl.arange(0, CHUNK)
+        k_head = (i_hv // GROUP) * qk_stride_h
+        for c in range(i_split * CHUNK, n, SPLIT * CHUNK):
+            t = t0 + c + r.to(tl.int64)
+            live = c + r < n
+            k = _chunk_rows(k_ptr, k_head, t, qk_stride_t, live, kk, kmask,
+                            QK_ALIGN).to(tl.float32)
+            v = _chunk_rows(v_ptr, i_hv * v_stride_h, t, v_stride_t, live, vv, vmask,
+                            V_ALIGN).to(tl.float32)
+            ga = tl.load(gate_a_ptr + t * gate_stride + i_hv, mask=live, other=0)
+            gb = tl.load(gate_b_ptr + t * gate_stride + i_hv, mask=live, other=0)
+            g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
+            g, beta = tl.where(live, g, 0.0), tl.where(live, beta, 0.0)  # none past the row
+            if L2NORM:
+                k = _normalised(k)
+            G, decay = chunk_decays(g, CHUNK)
+            kb = k * beta[:, None]
+            m = tl.where(r[:, None] > r[None, :], chunk_dot(kb, tl.trans(k)) * decay, 0.0)
+            inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
+            w = chunk_dot(inv, kb * tl.exp(G)[:, None])
+            u = chunk_dot(inv, v * beta[:, None])
+            th = t * HV + i_hv
+            tl.store(chunk_g_ptr + th, g, mask=live)
+            tl.store(chunk_w_ptr + th[:, None] * K + kk[None, :], w,
+                     mask=live[:, None] & kmask[None, :])
+            tl.store(chunk_u_ptr + th[:, None] * V + vv[None, :], u,
+                     mask=live[:, None] & vmask[None, :])
+
+
+# Step 1's kernels, one per op, each naming its parameters as the op's arrays (the ABI)
+def gdn_chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_seqlens_ptr, num_tokens,
+                             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride,
+                             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, K: tl.constexpr,
+                             V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+                             L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr,
+                             V_ALIGN: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
+                             CHUNK: tl.constexpr, SPLIT: tl.constexpr):
+    _prepare(k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, num_tokens,
+             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
+             chunk_w_ptr, chunk_u_ptr, K, V, BK, BVF, False, L2NORM, QK_ALIGN, V_ALIGN, HV,
+             GROUP, CHUNK, SPLIT)
+
+
+def gdn_chunk_prepare_fused_gates_kernel(
+        k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, num_tokens,
+        qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
+        chunk_w_ptr, chunk_u_ptr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+        BVF: tl.constexpr, L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr,
+        V_ALIGN: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
+        SPLIT: tl.constexpr):
+    _prepare(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, num_tokens,
+             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
+             chunk_w_ptr, chunk_u_ptr, K, V, BK, BVF, True, L2NORM, QK_ALIGN, V_ALIGN, HV,
+             GROUP, CHUNK, SPLIT)
+
+
+gdn_chunk_prepare_kernel = same_binary_jit(gdn_chunk_prepare_kernel)
+gdn_chunk_prepare_fused_gates_kernel = same_binary_jit(gdn_chunk_prepare_fused_gates_kernel)
+
+
+@triton.jit
+def _chunk_inputs(q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t, live, qk_head,
+                  i_hv, qk_stride_t, kk, vv, kmask, vmask, K: tl.constexpr, V: tl.constexpr,
+                  HV: tl.constexpr, QK_ALIGN: tl.constexpr):
+    """Step 2's inputs of the tokens ``t`` (``[CHUNK]``): q, k ``[CHUNK, BK]`` as stored,
+    the log decays ``[CHUNK]``, ``W`` ``[CHUNK, BK]`` and ``U0`` ``[CHUNK, BV]`` (step 1's),
+    zero where ``live`` is false."""
+    q = _chunk_rows(q_ptr, qk_head, t, qk_stride_t, live, kk, kmask, QK_ALIGN)
+    k = _chunk_rows(k_ptr, qk_head, t, qk_stride_t, live, kk, kmask, QK_ALIGN)
+    th = t * HV + i_hv
+    g = tl.load(chunk_g_ptr + th, mask=live, other=0)
+    w = _chunk_rows(chunk_w_ptr, 0, th, K, live, kk, kmask, 1)
+    u0 = _chunk_rows(chunk_u_ptr, 0, th, V, live, vv, vmask, 1)
+    return q, k, g, w, u0
+
+
+@same_binary_jit
+def gated_delta_rule_chunked_kernel(
+    pool_in_ptr,  # aliased with pool_ptr
+    errors_in_ptr,
+    q_ptr,  # [T, H, K]
+    k_ptr,  # [T, H, K]
+    cu_seqlens_ptr,
+    read_block_ptr,
+    write_blocks_ptr,  # [N, WIN]
+    is_spec_ptr,
+    chunk_g_ptr,  # [T, HV] fp32: step 1's
+    chunk_w_ptr,  # [T, HV, K] fp32
+    chunk_u_ptr,  # [T, HV, V] fp32
+    num_tokens,
+    qk_stride_t,
+    qk_stride_h,
+    wb_stride,
+    layer_offset,
+    block_stride,
+    head_stride,
+    num_blocks,
+    scale,
+    o_ptr,  # [T, HV, V]
+    pool_ptr,
+    errors_ptr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    WIN: tl.constexpr,
+    WIN_PAD: tl.constexpr,
+    LAYOUT_KV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    ALIGN: tl.constexpr,
+    QK_ALIGN: tl.constexpr,
+    HV: tl.constexpr,
+    GROUP: tl.constexpr,  # HV // H
+    CHUNK: tl.constexpr,
+):
+    """Step 2 (the module's docstring), for both ops (step 1 consumed the gates and ``v``):
+    one program per (row, value head ``i_hv``, value columns ``[i_v BV, (i_v + 1) BV)``),
+    all the row's tokens, ``CHUNK`` at a time; the arrays are :func:`.gdn._gdn`'s."""
     row, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
     i_h = i_hv // GROUP
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
@@ -98,11 +237,6 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
     # the state [BK, BV] (k, v), loaded whole before any store, as in .gdn
     s = tl.load(pool_ptr + aligned_base(head, rb, block_stride, ALIGN) + s_offs,
                 mask=smask & (rb >= 0) & (rb < num_blocks), other=0).to(tl.float32)
-    A = 0.0  # the decay rate, exp(A_log)
-    dt_bias = 0.0
-    if FUSED_GATES:
-        A = tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
-        dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
 
     fault = recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN)
     if (i_hv == 0) & (i_v == 0):
@@ -114,35 +248,26 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
         r = tl.arange(0, CHUNK)
         causal = r[:, None] >= r[None, :]
         qk_head = i_h * qk_stride_h
-        v_head = i_hv * v_stride_h + i_v * BV
         t = t0 + r.to(tl.int64)
         live = r < n
-        q_in, k_in, v_in, ga, gb = _chunk_inputs(
-            q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t, live, qk_head, v_head, i_hv,
-            qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask, QK_ALIGN, V_ALIGN, BV)
+        q_in, k_in, g, w, u0 = _chunk_inputs(
+            q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t, live, qk_head, i_hv,
+            qk_stride_t, kk, vv, kmask, vmask, K, V, HV, QK_ALIGN)
         for c in range(0, n, CHUNK):
             # the next chunk's inputs, loaded while this one computes
             t_next = t + CHUNK
             live_next = c + CHUNK + r < n
-            q_nx, k_nx, v_nx, ga_nx, gb_nx = _chunk_inputs(
-                q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, t_next, live_next, qk_head,
-                v_head, i_hv, qk_stride_t, v_stride_t, gate_stride, kk, kmask, vmask, QK_ALIGN,
-                V_ALIGN, BV)
-            q, k, v = q_in.to(tl.float32), k_in.to(tl.float32), v_in.to(tl.float32)
-            g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
-            g, beta = tl.where(live, g, 0.0), tl.where(live, beta, 0.0)  # none past the row
+            q_nx, k_nx, g_nx, w_nx, u0_nx = _chunk_inputs(
+                q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t_next, live_next,
+                qk_head, i_hv, qk_stride_t, kk, vv, kmask, vmask, K, V, HV, QK_ALIGN)
+            q, k = q_in.to(tl.float32), k_in.to(tl.float32)
             if L2NORM:
-                q = q / tl.sqrt(tl.sum(q * q, axis=1) + 1e-6)[:, None]
-                k = k / tl.sqrt(tl.sum(k * k, axis=1) + 1e-6)[:, None]
+                q, k = _normalised(q), _normalised(k)
             q = q * scale
             G, decay = chunk_decays(g, CHUNK)  # g = 0 past the row: the sums stop there
-            kb = k * beta[:, None]
-            m = tl.where(r[:, None] > r[None, :], chunk_dot(kb, tl.trans(k)) * decay, 0.0)
-            inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
-            eG = tl.exp(G)
-            u = chunk_dot(inv, v * beta[:, None] - chunk_dot(kb * eG[:, None], s))
+            u = u0 - chunk_dot(w, s)
             qk = tl.where(causal, chunk_dot(q, tl.trans(k)) * decay, 0.0)
-            o = chunk_dot(q * eG[:, None], s) + chunk_dot(qk, u)
+            o = chunk_dot(q * tl.exp(G)[:, None], s) + chunk_dot(qk, u)
             tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
                      mask=live[:, None] & vmask[None, :])
             if spec:  # every candidate: the state after token c + j
@@ -153,7 +278,7 @@ def gdn_chunked(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_
                              sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
             s = chunk_state(s, G, decay, CHUNK - 1, k, u, CHUNK)
             t, live = t_next, live_next
-            q_in, k_in, v_in, ga, gb = q_nx, k_nx, v_nx, ga_nx, gb_nx
+            q_in, k_in, g, w, u0 = q_nx, k_nx, g_nx, w_nx, u0_nx
         if ~spec & (n > 0):
             w0 = candidate_block(jw, wb, spec, 0)
             tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,

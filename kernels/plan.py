@@ -7,8 +7,10 @@ The builder validates everything that can be checked without reading values and 
 with their values, output arrays), the grid, constexprs and warp count, every output's
 shape and dtype, which outputs alias which inputs (in-place arrays are passed twice: the
 kernel reads and writes them through the output pointer), which inputs are reinterpreted
-as same-width integers, and whether there is nothing to launch (an empty batch). A backend
-then needs one generic launcher and nothing per operation.
+as same-width integers, and whether there is nothing to launch (an empty batch). An
+operation of two launches states the first as the plan's ``before`` stage, whose outputs
+are scratch arrays the second reads. A backend then needs one generic launcher and nothing
+per operation.
 """
 
 from __future__ import annotations
@@ -90,10 +92,17 @@ class LaunchPlan:
     aliases: Mapping[str, str] = field(default_factory=dict)  # output name -> input name
     views: Mapping[str, str] = field(default_factory=dict)  # input -> same-width dtype
     skip: bool = False  # nothing to compute: outputs allocated, in-place arrays untouched
+    #: plans launched first, in order, on the same arrays; their outputs (scratch, never
+    #: returned) join the arrays by name, as inputs of the later plans and of this one
+    before: Tuple["LaunchPlan", ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("out_specs", "constexprs", "aliases", "views"):  # plans are cached, shared
             object.__setattr__(self, f, MappingProxyType(dict(getattr(self, f))))
+        object.__setattr__(self, "before", tuple(self.before))
+        if any(p.aliases or p.views or p.before for p in self.before):
+            raise ValueError(f"{self.name}: a before stage only reads its inputs and writes "
+                             "its own scratch outputs")
         if not self.grid or self.grid[0] > MAX_GRID_X or any(g > MAX_GRID_YZ for g in self.grid[1:]):
             raise ValueError(f"grid {self.grid} exceeds the hardware limits")
         missing = [n for n in self.outputs if n not in self.aliases and n not in self.out_specs]

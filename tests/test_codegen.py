@@ -161,7 +161,8 @@ def conv(B, T):
 
 # a spec step of the conv: 1 + S tokens per row (256 channels a program)
 plans = {"gdn": gdn(64), "gdn_small": gdn(1), "gdn_chunked": gdn(64, "chunked"),
-         "ssu_chunked": ssu(64, "chunked"), "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
+         "gdn_prepare": gdn(64, "chunked").before[0], "ssu_chunked": ssu(64, "chunked"),
+         "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
 out = {}
 for name, plan in plans.items():
     names = plan.kernel.arg_names
@@ -170,7 +171,8 @@ for name, plan in plans.items():
         if not n.endswith("_ptr"):
             return "fp32" if n == "scale" else "i32"
         stem = n[:-4].replace("_in", "")
-        if name.startswith("gdn") and stem in ("pool", "A_log", "dt_bias"):
+        if name.startswith("gdn") and stem in ("pool", "A_log", "dt_bias", "chunk_g",
+                                                "chunk_w", "chunk_u"):
             return "*fp32"
         if name.startswith("ssu") and stem in ("pool", "A", "D", "dt_bias"):
             return "*fp32"

@@ -55,17 +55,37 @@ def sample_plan(op, **change):
     return op.plan(**arrays, **statics)
 
 
-@pytest.mark.parametrize("op", K.OPS, ids=lambda op: op.name)
-def test_declarations_agree_with_the_plans(op):
-    plan = sample_plan(op)
+# every op with an algorithm option, with each of its algorithms
+SAMPLES = [(op, {}) for op in K.OPS] + [
+    (op, {"algorithm": a}) for op in K.OPS if "algorithm" in op.static_names
+    for a in ("chunked",)]
+
+
+@pytest.mark.parametrize("op,change", SAMPLES,
+                         ids=[op.name + "".join(f"-{v}" for v in c.values()) for op, c in SAMPLES])
+def test_declarations_agree_with_the_plans(op, change):
+    plan = sample_plan(op, **change)
     assert plan.returned == op.returns  # the torch custom op's outputs, in order
     if "errors" in op.arrays or "state_idx" in op.arrays:  # ops with rows that can fault
         assert set(op.skipped) == set(op.returns)  # what a skipped row gets in each of them
     else:
         assert not op.skipped
     assert set(plan.aliases) == set(op.mutates) and set(plan.aliases.values()) <= set(op.arrays)
-    assert set(plan.inputs) == set(op.arrays)
-    assert not plan.skip
+    # the op's arrays and the before stages' scratch (their outputs, read by later launches)
+    # are exactly what the launches read
+    scratch = [n for stage in plan.before for n in stage.outputs]
+    assert len(set(scratch)) == len(scratch) and not set(scratch) & set(op.arrays)
+    assert set(plan.inputs).union(*(s.inputs for s in plan.before)) == set(op.arrays) | set(scratch)
+    assert set(scratch) <= set(plan.inputs)
+    for i, stage in enumerate(plan.before):  # a stage reads what exists before it
+        assert set(stage.inputs) <= set(op.arrays).union(*(s.outputs for s in plan.before[:i]))
+        assert not stage.aliases and set(stage.outputs) == set(stage.out_specs)
+    for p in (plan,) + plan.before:
+        assert not p.skip
+        _check_abi(p)
+
+
+def _check_abi(plan):
     # the kernel's parameters: inputs, scalars, outputs, then constexprs, in that order
     names = plan.kernel.arg_names
     k = len(plan.inputs) + len(plan.scalars) + len(plan.outputs)

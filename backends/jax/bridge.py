@@ -107,7 +107,12 @@ def _scalar(name: str, v):
 
 
 def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
-    """Run ``plan`` on JAX arrays (every input by name); returns ``{output name: array}``."""
+    """Run ``plan`` on JAX arrays (every input by name); returns ``{output name: array}``.
+    Its ``before`` stages run first; their scratch outputs join the inputs by name."""
+    if plan.before:
+        arrays = dict(arrays)
+        for stage in plan.before:
+            arrays.update(launch(stage, arrays))
     specs = []
     for name in plan.outputs:
         if name in plan.aliases:

@@ -93,15 +93,25 @@ def launch(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]) -
             for n, o in plan.out_specs.items()}
     if not plan.skip:
         args = dict(arrays, **outs)
+        for stage in plan.before:  # its scratch outputs are the later launches' inputs
+            scratch = {n: torch.empty(o.shape, dtype=dtype(o.dtype), device=dev)
+                       for n, o in stage.out_specs.items()}
+            _run(stage, dict(args, **scratch), dev)
+            args.update(scratch)
         for n, d in plan.views.items():  # copies see pools as same-width integers
             args[n] = arrays[n].view(dtype(d))
-        if getattr(plan.kernel, "same_binary", False) and dev.type == "cuda":
-            _align_inputs(plan, args)
         for out, src in plan.aliases.items():  # in place: the input passed twice
             args[out] = args[src]
         _bump_versions([arrays[n] for n in plan.aliases.values()])  # (checks passed)
-        plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, **plan.launch_options)
+        _run(plan, args, dev)
     return outs
+
+
+def _run(plan: K.LaunchPlan, args: Dict[str, Tensor], dev: torch.device) -> None:
+    """Launch ``plan``'s kernel on ``args`` (every input and output by name)."""
+    if getattr(plan.kernel, "same_binary", False) and dev.type == "cuda":
+        _align_inputs(plan, args)  # (an in-place array is never copied: it must be aligned)
+    plan.kernel[plan.grid](*plan.args(args), **plan.constexprs, **plan.launch_options)
 
 
 def _align_inputs(plan: K.LaunchPlan, args: Dict[str, Tensor]) -> None:
