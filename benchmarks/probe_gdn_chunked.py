@@ -3,11 +3,13 @@
 gates, q/k l2norm), on prefill rows, against our token-by-token kernel and fla's
 ``chunk_gated_delta_rule`` in the same process.
 
-A variant is ``CHUNK:BV:WARPS:PRECISION`` (tokens per chunk, value columns per program,
-warps, ``tl.dot``'s input precision); each runs in a process of its own (the precision is a
-global the kernel reads when it compiles). Every output is checked against the float64
-reference of the first row before it is timed (CUDA-graph replay, cold blocks cycled), and
-its largest relative difference from the token-by-token kernel's output is recorded.
+A variant is ``CHUNK:BV:WARPS:PRECISION[:PREPARE_WARPS]`` (tokens per chunk, value columns
+per program of the recurrence, its warps, ``tl.dot``'s input precision, the warps of step 1,
+the solve); each runs in a process of its own (the precision is a global the kernel reads
+when it compiles). Every output is checked against the float64 reference of the first row
+before it is timed (CUDA-graph replay, cold blocks cycled), and its largest relative
+difference from the token-by-token kernel's output is recorded. Step 1 (every chunk's
+solve) is also timed alone (``chunked_step1``).
 Writes ``probe_gdn_chunked_{label}_h200.json`` under ``--out``.
 
 Usage::
@@ -44,7 +46,8 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
 
     from mamba_align.backends.torch import ops as tops
     from mamba_align.kernels import recurrent
-    chunk, bv, warps, precision = variant.split(":")
+    chunk, bv, warps, precision, *rest = variant.split(":")
+    prepare_warps = int(rest[0]) if rest else 4
     recurrent.DOT_PRECISION = tl.constexpr(precision)  # before the kernel first compiles
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     s = dict(shapes(small), prefill=tokens)
@@ -68,13 +71,20 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
         methods = {"recurrent": lambda: ours("recurrent")}
         with constants({"kernels.gdn_chunked.CHUNK": int(chunk),
                         "kernels.gdn_chunked.BV": int(bv),
-                        "kernels.gdn_chunked.NUM_WARPS": int(warps)}):
+                        "kernels.gdn_chunked.NUM_WARPS": int(warps),
+                        "kernels.gdn_chunked.PREPARE_WARPS": prepare_warps}):
             got = ours("chunked")
             check(f"{variant} B={B}", got[:tokens], want, 5e-2)
             diff = float(np.max(np.abs(np32(got) - np32(base))) / np.max(np.abs(np32(base))))
             ms = bench_ms(lambda: ours("chunked"), dev.type == "cuda", graph=dev.type == "cuda")
+            step1 = _step1(tops, dict(pool=c.pool, errors=c.errors, q=c.q, k=c.k, v=c.v, g=g,
+                                      beta=beta, cu_seqlens=c.cu, read_block=c.rb,
+                                      write_blocks=c.wbs, is_spec=c.is_spec), dev)
+            ms1 = bench_ms(step1, dev.type == "cuda", graph=dev.type == "cuda")
         out.append(dict(variant=variant, method="chunked", rows=B, tokens_per_row=tokens,
                         us=ms * 1e3, rel_diff_from_recurrent=diff))
+        out.append(dict(variant=variant, method="chunked_step1", rows=B,
+                        tokens_per_row=tokens, us=ms1 * 1e3))
         if fla is not None:
             h0 = c.pool[1].index_select(0, c.rb).contiguous()
             kw = dict(q=c.q[None], k=c.k[None], v=c.v[None], g=g[None], beta=beta[None],
@@ -91,6 +101,18 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
         del c
         free(dev.type == "cuda")
     return out
+
+
+def _step1(tops, arrays: dict, dev: torch.device):
+    """A function that launches the chunked plan's step 1 alone, on scratch it allocates
+    once."""
+    from mamba_align import kernels as K
+    plan = tops._plan(K.GATED_DELTA_RULE, arrays, dict(layer=1, scale=0.0, use_qk_l2norm=True,
+                                                       layout="VK", algorithm="chunked"))
+    stage = plan.before[0]
+    args = dict(arrays, **{n: torch.empty(o.shape, dtype=torch.float32, device=dev)
+                           for n, o in stage.out_specs.items()})
+    return lambda: tops._run(stage, dict(args), dev)
 
 
 def main() -> None:

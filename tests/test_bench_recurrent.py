@@ -58,10 +58,11 @@ def test_the_selective_state_benchmark_runs(tmp_path):
 def test_the_chunked_probe_runs_a_variant_in_a_process_of_its_own(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_gdn_chunked.py"),
                         "--small", "--out", str(tmp_path), "--tokens", "20", "--rows", "1",
-                        "--variants", "16:16:4:tf32x3"], capture_output=True, text=True,
+                        "--variants", "16:16:4:tf32x3:2"], capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     data = json.loads((tmp_path / "probe_gdn_chunked_current_h200.json").read_text())
     got = {(x["variant"], x["method"], x["rows"]) for x in data["records"]}
-    assert got == {("16:16:4:tf32x3", "chunked", 1), ("16:16:4:tf32x3", "recurrent", 1)}
+    v = "16:16:4:tf32x3:2"
+    assert got == {(v, "chunked", 1), (v, "chunked_step1", 1), (v, "recurrent", 1)}
     assert all(x["us"] > 0 for x in data["records"])
