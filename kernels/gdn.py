@@ -463,7 +463,9 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ``algorithm``: ``"recurrent"`` (token by token: decode and spec rows) or ``"chunked"``
     ({chunk} tokens at a time as matrix products: the same results within rounding, not the
     same bits; a row's chunks start at its first token in the launch, so its bits depend
-    on where its tokens were split into launches; not yet faster on the GPU).
+    on where its tokens were split into launches; for long prefill rows: two launches and
+    ``T_total * HV * (K + V + 1)`` fp32 of scratch, faster than token by token on a few long
+    rows, slower on many: docs/status.md).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

@@ -153,6 +153,18 @@ def test_plans_are_read_only_and_options_are_typed():
     assert spec == IDS and hash(spec) == hash(IDS)
 
 
+def test_a_before_stage_writes_only_its_own_scratch():
+    plan = sample_plan(K.GATED_DELTA_RULE, algorithm="chunked")
+    stage = plan.before[0]
+    assert isinstance(plan.before, tuple)
+    in_place = dataclasses.replace(stage, outputs=stage.outputs + ("pool",),
+                                   aliases={"pool": "pool"})
+    with pytest.raises(ValueError, match="before stage"):
+        dataclasses.replace(plan, before=(in_place,))
+    with pytest.raises(ValueError, match="before stage"):  # one level only
+        dataclasses.replace(plan, before=(dataclasses.replace(stage, before=(stage,)),))
+
+
 @pytest.mark.parametrize("op", [op for op in K.OPS if "state_idx" in op.arrays],
                          ids=lambda op: op.name)
 def test_slot_arrays_past_int32_are_refused(op):
