@@ -382,8 +382,13 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
     chunk = chunked.CHUNK
     bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
     # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
-    # per (row, head); which program takes a chunk changes no arithmetic
-    split = min(chunked.MAX_SPLIT, next_pow2(max(1, cdiv(cdiv(T, chunk), max(1, rows)))))
+    # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are
+    # symbolic (torch.compile's fake, which launches nothing) take the cap: deriving the
+    # count from them would pin them, a recompile for every prefill length
+    if isinstance(T, int) and isinstance(rows, int):
+        split = min(chunked.MAX_SPLIT, next_pow2(max(1, cdiv(cdiv(T, chunk), max(1, rows)))))
+    else:
+        split = chunked.MAX_SPLIT
     prepare = LaunchPlan(
         kernel=(chunked.gdn_chunk_prepare_fused_gates_kernel if fused
                 else chunked.gdn_chunk_prepare_kernel),
@@ -472,7 +477,8 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     skipped: ``o = 0`` on its tokens (none written where its entries are bad), no state
     stored, its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every
     row are not written; tokens two rows share (possible only when a row is
-    ``BAD_CU_SEQLENS``) are unspecified."""
+    ``BAD_CU_SEQLENS``) are unspecified, and with ``"chunked"`` so are those rows'
+    states."""
 
 GATED_DELTA_RULE = Op(
     name="gated_delta_rule",

@@ -3,9 +3,10 @@ rows: the same rows, read and write blocks, spec candidates and faults as :mod:`
 row's tokens taken ``CHUNK`` at a time as matrix products, in two launches (the plan's
 ``before`` stage, then the recurrence):
 
-1. :func:`gdn_chunk_prepare_kernel` (or ``..._fused_gates_kernel``): every chunk of every
-   row and value head at once, in parallel. Its triangular solve, which needs no state,
-   leaves the recurrence as fp32 scratch arrays indexed like the tokens: the log decays
+1. :func:`gdn_chunk_prepare_kernel` (or ``..._fused_gates_kernel``): the chunks of every
+   row and value head in parallel (``SPLIT`` programs a row and head, each taking every
+   ``SPLIT``-th chunk). Their triangular solves, which need no state, leave the
+   recurrence fp32 scratch arrays indexed like the tokens: the log decays
    ``chunk_g`` ``[T, HV]``, ``chunk_w`` ``[T, HV, K]`` and ``chunk_u`` ``[T, HV, V]``.
 2. :func:`gated_delta_rule_chunked_kernel`: one program per (row, value head, ``BV`` value
    columns), the token-by-token kernel's grid, walking its row's chunks in order; per chunk

@@ -222,6 +222,67 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
         np.testing.assert_array_equal(np.asarray(eager[name]), np.asarray(jitted[name]))
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_views_of_wider_projections(fused):
+    # q, k, v and the gates as slices of wider arrays (a model's fused projections): every
+    # stride differs from the contiguous one, in both launches
+    import torch
+
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(13)
+    H, HV, K, V = 1, 2, 16, 16
+    pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, fused=fused)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    n = int(CU[-1])
+    qk = torch.zeros(n, H + 1, 2 * K + 3, dtype=torch.float32, device=dev)
+    qk[:, :H, :K], qk[:, :H, K:2 * K] = torch.as_tensor(q), torch.as_tensor(k)
+    vw = torch.zeros(n, HV, V + 5, dtype=torch.float32, device=dev)
+    vw[..., :V] = torch.as_tensor(v)
+    names = ("a", "b") if fused else ("g", "beta")
+    gw = torch.zeros(n, 2, HV + 3, dtype=torch.float32, device=dev)
+    for i, name in enumerate(names):
+        gw[:, i, :HV] = torch.as_tensor(gates[name])
+    views = [qk[:, :H, :K], qk[:, :H, K:2 * K], vw[..., :V], gw[:, 0, :HV], gw[:, 1, :HV]]
+    assert not any(x.is_contiguous() for x in views)
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+    extra = [T(gates["A_log"]), T(gates["dt_bias"])] if fused else []
+    op = tops.gated_delta_rule_fused_gates_ if fused else tops.gated_delta_rule_
+    out = T(pool.copy())
+    o = op(out, T(new_errors()), *views, *extra, T(CU), T(RB), T(WBS), T(SPEC), layer=1,
+           use_qk_l2norm=True, algorithm="chunked")["o"]
+    ro, rout, _ = make_backend("reference").gdn(pool, q, k, v, gates, CU, RB, WBS, SPEC,
+                                                layer=1, use_qk_l2norm=True)
+    close(o.cpu().numpy(), ro, 1e-5)
+    close(out.cpu().numpy(), rout, 1e-5)
+
+
+def test_torch_compile_at_several_prefill_lengths_pins_none():
+    # the second length makes the token count symbolic in the fakes; step 1's program count
+    # must not pin it (one graph per length otherwise)
+    import torch
+
+    from mamba_align.backends.torch import ops as tops
+    rng = np.random.default_rng(12)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    T = lambda a: torch.as_tensor(a, device=dev)  # noqa: E731, N806
+
+    def call(p, *arrays):
+        return tops.gated_delta_rule_(p, *arrays, layer=1, algorithm="chunked")["o"]
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(call, fullgraph=True)
+    for n in (20, 37, 53, 70):
+        cu = np.array([0, n])
+        pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
+        arrays = [T(new_errors()), T(q), T(k), T(v), T(gates["g"]), T(gates["beta"]), T(cu),
+                  T(np.array([2])), T(np.array([[3, -1, -1]])), T(np.array([0]))]
+        pe, pc = T(pool.copy()), T(pool.copy())
+        assert torch.equal(call(pe, *arrays), compiled(pc, *[a.clone() for a in arrays]))
+        assert torch.equal(pe, pc)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+
+
 def test_an_unknown_algorithm_is_refused():
     spec = ArraySpec.row_major
     f32, ids = "float32", spec((1,), "int64")

@@ -163,6 +163,13 @@ def test_a_before_stage_writes_only_its_own_scratch():
         dataclasses.replace(plan, before=(in_place,))
     with pytest.raises(ValueError, match="before stage"):  # one level only
         dataclasses.replace(plan, before=(dataclasses.replace(stage, before=(stage,)),))
+    renamed = dict(stage.out_specs)
+    renamed["o"] = renamed.pop("chunk_u")  # scratch named as the plan's own output
+    with pytest.raises(ValueError, match="before stage"):
+        dataclasses.replace(plan, before=(dataclasses.replace(
+            stage, outputs=tuple(renamed), out_specs=renamed),))
+    with pytest.raises(ValueError, match="before stage"):  # skipped alone
+        dataclasses.replace(plan, before=(dataclasses.replace(stage, skip=True),))
 
 
 @pytest.mark.parametrize("op", [op for op in K.OPS if "state_idx" in op.arrays],
