@@ -477,8 +477,8 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     skipped: ``o = 0`` on its tokens (none written where its entries are bad), no state
     stored, its fault ORed into ``errors`` (int32 ``[2]``, in place). Tokens outside every
     row are not written; tokens two rows share (possible only when a row is
-    ``BAD_CU_SEQLENS``) are unspecified, and with ``"chunked"`` so are those rows'
-    states."""
+    ``BAD_CU_SEQLENS``) are unspecified, and with ``"chunked"`` so are all the outputs and
+    the states of rows that share a token."""
 
 GATED_DELTA_RULE = Op(
     name="gated_delta_rule",

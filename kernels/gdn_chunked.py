@@ -6,7 +6,7 @@ row's tokens taken ``CHUNK`` at a time as matrix products, in two launches (the 
 1. :func:`gdn_chunk_prepare_kernel` (or ``..._fused_gates_kernel``): the chunks of every
    row and value head in parallel (``SPLIT`` programs a row and head, each taking every
    ``SPLIT``-th chunk). Their triangular solves, which need no state, leave the
-   recurrence fp32 scratch arrays indexed like the tokens: the log decays
+   recurrence's inputs as fp32 scratch arrays indexed like the tokens: the log decays
    ``chunk_g`` ``[T, HV]``, ``chunk_w`` ``[T, HV, K]`` and ``chunk_u`` ``[T, HV, V]``.
 2. :func:`gated_delta_rule_chunked_kernel`: one program per (row, value head, ``BV`` value
    columns), the token-by-token kernel's grid, walking its row's chunks in order; per chunk

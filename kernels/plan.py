@@ -100,11 +100,14 @@ class LaunchPlan:
         for f in ("out_specs", "constexprs", "aliases", "views"):  # plans are cached, shared
             object.__setattr__(self, f, MappingProxyType(dict(getattr(self, f))))
         object.__setattr__(self, "before", tuple(self.before))
-        for p in self.before:
-            if (p.aliases or p.views or p.before or p.skip != self.skip
-                    or set(p.outputs) & (set(p.inputs) | set(self.outputs))):
-                raise ValueError(f"{self.name}: a before stage reads its inputs and writes "
-                                 "scratch of its own (new names), and runs when the plan does")
+        read = {n for p in self.before for n in p.inputs}
+        scratch = [n for p in self.before for n in p.outputs]
+        if (any(p.aliases or p.views or p.before or p.skip != self.skip for p in self.before)
+                or len(set(scratch)) < len(scratch)
+                or set(scratch) & (read | set(self.outputs))):
+            raise ValueError(f"{self.name}: a before stage reads its inputs and writes scratch "
+                             "of its own (names no stage reads and nothing else writes), and "
+                             "runs when the plan does")
         if not self.grid or self.grid[0] > MAX_GRID_X or any(g > MAX_GRID_YZ for g in self.grid[1:]):
             raise ValueError(f"grid {self.grid} exceeds the hardware limits")
         missing = [n for n in self.outputs if n not in self.aliases and n not in self.out_specs]

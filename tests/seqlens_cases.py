@@ -26,6 +26,7 @@ SEQLENS_CASES = [
     ({39: 40, 40: 41}, [39]),  # a one-token row from T_total (row 38 covers 38-39)
     ({10: 50, 11: 50}, [9, 10, 11]),  # rows 9 and 10 end past T_total, row 11 runs back
     ({1: 3}, [1]),  # row 0 covers tokens 0-2, row 2 covers token 2 again
+    ({1: 5, 4: 99}, [1, 3, 4]),  # row 0 covers tokens 0-4, row 2 token 2 in their middle
 ]
 
 
@@ -43,10 +44,11 @@ def check_seqlens_launch(cu, bad, bits: int, pool, wb, got, ref, state_tol: floa
     give (``got``, against the reference's ``ref``: ``(outputs, pool, errors)``; ``wb``
     each row's write block in layer 1): the flag ``[bits, lowest bad row]``, the bad rows'
     blocks untouched, every good row's block written and the pool as the reference's
-    (within ``state_tol``; 0: bit for bit; without ``shared_states``, only those of the
-    good rows that share no token with another good row: the chunked gated delta rule's
-    scratch is indexed by token, docs/semantics.md §4), the outputs on the tokens one good
-    row covers (within ``out_tol``). Returns which rows are good."""
+    (within ``state_tol``; 0: bit for bit), the outputs on the tokens one good row covers
+    (within ``out_tol``). Without ``shared_states`` the states and outputs of good rows that
+    share a token with another good row are not compared (the chunked gated delta rule's
+    scratch is indexed by token, docs/semantics.md §4). The rows are one token each, so
+    ``n`` is also the token count. Returns which rows are good."""
     (y, out, err), (ry, rout, rerr) = got, ref
     n = len(cu) - 1
     assert err.tolist() == ([bits, bad[0]] if bad else [0, NO_ROW])
@@ -54,12 +56,15 @@ def check_seqlens_launch(cu, bad, bits: int, pool, wb, got, ref, state_tol: floa
     # the good rows ran on their own ranges (overlapping ones too); the bad wrote nothing
     good = np.isin(np.arange(n), bad, invert=True)
     sole = sole_tokens(cu, good, n)
-    exact = np.ones(out.shape[1], bool)
-    if not shared_states:  # the blocks of good rows that share a token: not compared
+    exact = np.ones(out.shape[1], bool)  # layer 1's blocks compared
+    if not shared_states:  # good rows that share a token: their blocks and tokens
         shared = [r for r in np.flatnonzero(good)
                   if not sole[max(cu[r], 0):min(cu[r + 1], n)].all()]
         exact[wb[shared]] = False
-    np.testing.assert_allclose(out[:, exact], rout[:, exact], rtol=state_tol, atol=state_tol)
+        for r in shared:
+            sole[max(cu[r], 0):min(cu[r + 1], n)] = False
+    np.testing.assert_allclose(out[0], rout[0], rtol=state_tol, atol=state_tol)
+    np.testing.assert_allclose(out[1, exact], rout[1, exact], rtol=state_tol, atol=state_tol)
     np.testing.assert_array_equal(out[1, wb[bad]], pool[1, wb[bad]])
     assert (out[1, wb[good]] != pool[1, wb[good]]).reshape(good.sum(), -1).any(axis=1).all()
     np.testing.assert_allclose(y[sole], ry[sole], rtol=out_tol, atol=out_tol)

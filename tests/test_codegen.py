@@ -219,8 +219,8 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
         chunked = acc[name]
         assert chunked["maxnreg"] == [] and chunked.get("st.global.v4.b32", 0) >= 8, chunked
         assert chunked.get("ld.global.v4.b32", 0) >= 4, chunked
-    # its step 1 (every chunk's solve): uncapped, W and U0 stored 16 bytes at a time, one
-    # 4-byte store a thread left (the log decays, a float a token)
+    # its step 1 (every chunk's solve): uncapped, W and U0 stored 16 bytes at a time, at
+    # most one 4-byte store a thread left (the log decays, a float a token)
     prepare = acc["gdn_prepare"]
     assert prepare["maxnreg"] == [] and prepare.get("st.global.v4.b32", 0) >= 8, prepare
     assert prepare.get("st.global.b32", 0) <= 1, prepare

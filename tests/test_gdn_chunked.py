@@ -230,7 +230,7 @@ def test_views_of_wider_projections(fused):
 
     from mamba_align.backends.torch import ops as tops
     rng = np.random.default_rng(13)
-    H, HV, K, V = 1, 2, 16, 16
+    H, HV, K, V = 2, 4, 16, 16  # two qk heads: their stride is used
     pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, fused=fused)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     n = int(CU[-1])

@@ -170,6 +170,13 @@ def test_a_before_stage_writes_only_its_own_scratch():
             stage, outputs=tuple(renamed), out_specs=renamed),))
     with pytest.raises(ValueError, match="before stage"):  # skipped alone
         dataclasses.replace(plan, before=(dataclasses.replace(stage, skip=True),))
+    with pytest.raises(ValueError, match="before stage"):  # two stages, one scratch name
+        dataclasses.replace(plan, before=(stage, stage))
+    renamed = dict(stage.out_specs)
+    renamed["k"] = renamed.pop("chunk_w")  # scratch named as an input a stage reads
+    with pytest.raises(ValueError, match="before stage"):
+        dataclasses.replace(plan, before=(dataclasses.replace(
+            stage, outputs=tuple(renamed), out_specs=renamed),))
 
 
 @pytest.mark.parametrize("op", [op for op in K.OPS if "state_idx" in op.arrays],
