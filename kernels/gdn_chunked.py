@@ -37,8 +37,8 @@ import triton
 import triton.language as tl
 
 from .jit import same_binary_jit
-from .recurrent import candidate_block, chunk_decays, chunk_dot, chunk_state, \
-    clear_faulty_row, decay_gates, head_offset, head_program, recurrent_fault, recurrent_row
+from .recurrent import chunk_advance, chunk_decays, chunk_dot, clear_faulty_row, decay_gates, \
+    head_offset, head_program, recurrent_fault, recurrent_row, store_final_state
 from .rows import aligned_base, flag_row, range_fault
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
@@ -271,16 +271,9 @@ def gated_delta_rule_chunked_kernel(
             o = chunk_dot(q * tl.exp(G)[:, None], s) + chunk_dot(qk, u)
             tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
                      mask=live[:, None] & vmask[None, :])
-            if spec:  # every candidate: the state after token c + j
-                for j in range(0, tl.minimum(CHUNK, n - c)):
-                    sj = chunk_state(s, G, decay, j, k, u, CHUNK)
-                    wj = candidate_block(jw, wb, spec, c + j)
-                    tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
-                             sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            s = chunk_state(s, G, decay, CHUNK - 1, k, u, CHUNK)
+            s = chunk_advance(s, G, decay, k, u, c, n, jw, wb, spec, pool_ptr, head,
+                              block_stride, s_offs, smask, ALIGN, CHUNK)
             t, live = t_next, live_next
             q_in, k_in, g, w, u0 = q_nx, k_nx, g_nx, w_nx, u0_nx
-        if ~spec & (n > 0):
-            w0 = candidate_block(jw, wb, spec, 0)
-            tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
-                     s.to(pool_ptr.dtype.element_ty), mask=smask & (w0 >= 0))
+        store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
+                          ALIGN)

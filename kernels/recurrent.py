@@ -10,7 +10,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, range_fault
+from .rows import BAD_BLOCK, BAD_CU_SEQLENS, BAD_QUERY_LEN, aligned_base, range_fault
 
 STATES = ("float32", "bfloat16")  # the state pools' dtypes
 
@@ -118,6 +118,31 @@ def chunk_state(s, G, decay, j, a, b, CHUNK: tl.constexpr):
     G_j = tl.sum(tl.where(r == j, G, 0.0), axis=0)
     decay_j = tl.sum(tl.where(r[:, None] == j, decay, 0.0), axis=0)  # row j: exp(D[j, :])
     return tl.exp(G_j) * s + chunk_dot(tl.trans(a * decay_j[:, None]), b)
+
+
+@triton.jit
+def chunk_advance(s, G, decay, a, b, c, n, jw, wb, spec, pool_ptr, head, block_stride,
+                  s_offs, smask, ALIGN: tl.constexpr, CHUNK: tl.constexpr):
+    """A chunked kernel's state after its chunk of tokens ``c .. c + CHUNK - 1`` (of ``n``;
+    :func:`chunk_state`'s operands), and on a spec row the state after each of them stored
+    to its candidate's block (:func:`recurrent_row`'s ``jw``, ``wb``)."""
+    if spec:
+        for j in range(0, tl.minimum(CHUNK, n - c)):
+            sj = chunk_state(s, G, decay, j, a, b, CHUNK)
+            wj = candidate_block(jw, wb, spec, c + j)
+            tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
+                     sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
+    return chunk_state(s, G, decay, CHUNK - 1, a, b, CHUNK)
+
+
+@triton.jit
+def store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
+                      ALIGN: tl.constexpr):
+    """A chunked kernel's non-spec row with tokens: its final state ``s`` to write block 0."""
+    if ~spec & (n > 0):
+        w0 = candidate_block(jw, wb, spec, 0)
+        tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
+                 s.to(pool_ptr.dtype.element_ty), mask=smask & (w0 >= 0))
 
 
 @triton.jit

@@ -22,8 +22,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .recurrent import candidate_block, chunk_decays, chunk_dot, chunk_state, \
-    clear_faulty_row, head_offset, head_program, recurrent_fault, recurrent_row, softplus
+from .recurrent import chunk_advance, chunk_decays, chunk_dot, clear_faulty_row, head_offset, \
+    head_program, recurrent_fault, recurrent_row, softplus, store_final_state
 from .rows import aligned_base, flag_row
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
@@ -114,16 +114,9 @@ def selective_state_chunked(x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dt_bias_p
                  + D * xf)
             tl.store(out_y[None, :] + t[:, None] * H * P, y.to(y_ptr.dtype.element_ty),
                      mask=live[:, None] & pmask[None, :])
-            if spec:  # every candidate: the state after token c + j
-                for j in range(0, tl.minimum(CHUNK, n - c)):
-                    sj = chunk_state(s, G, decay, j, X, bf, CHUNK)
-                    wj = candidate_block(jw, wb, spec, c + j)
-                    tl.store(pool_ptr + aligned_base(head, wj, block_stride, ALIGN) + s_offs,
-                             sj.to(pool_ptr.dtype.element_ty), mask=smask & (wj >= 0))
-            s = chunk_state(s, G, decay, CHUNK - 1, X, bf, CHUNK)
+            s = chunk_advance(s, G, decay, X, bf, c, n, jw, wb, spec, pool_ptr, head,
+                              block_stride, s_offs, smask, ALIGN, CHUNK)
             t, live = t_next, live_next
             x_in, dt_in, b_in, c_in = x_nx, dt_nx, b_nx, c_nx
-        if ~spec & (n > 0):
-            w0 = candidate_block(jw, wb, spec, 0)
-            tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
-                     s.to(pool_ptr.dtype.element_ty), mask=smask & (w0 >= 0))
+        store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
+                          ALIGN)
