@@ -5,7 +5,7 @@ One program per (row, channel tile), both on grid axis 0. A row of one token (a 
 ``K <= 4``) loads its ``K - 1`` history rows and its token once, sums the taps and stores
 the new window from registers (``_one_token``, kernels/conv1d_one_token.py; in a decode
 batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked off on
-other rows; on a 2-byte DS pool of 3 or 6 columns, four channels a lane as 8-byte words:
+other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte words:
 kernels/conv1d_ds_words.py). Any other row (``_tiled_rows``, in passes of ``PASS_D``
 channels) first loads its new window (from its read block at its read offset and from
 ``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then,
@@ -181,9 +181,9 @@ def _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has
     """A one-token row's work on channel tile ``tile``: as words where ``DS_WORDS``."""
     first = (tile * TILE_D).to(tl.int32)
     if DS_WORDS:
-        _one_token_words(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
-                         t0, num_tokens, x_stride, fault, one, wbase, writes, first, WIDTH,
-                         TILE_D, DIM, X_ALIGN, SILU, UNBRANCHED)
+        _one_token_words(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, has_hist, t0,
+                         num_tokens, x_stride, fault, one, wbase, writes, first, TILE_D, DIM,
+                         X_ALIGN, SILU, UNBRANCHED)
     else:
         _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                    num_tokens, x_stride, w_stride, fault, one, wbase, writes,
@@ -291,10 +291,10 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
 def ds_words(layout: str, ksize: int, width: int, dim: int, packed_taps: bool,
              pool: ArraySpec, x: ArraySpec, x_align: int, align: int) -> bool:
     """Whether a one-token row's window moves as 8-byte words
-    (kernels/conv1d_ds_words.py): a DS pool of 3 or 6 columns of a 2-byte dtype,
+    (kernels/conv1d_ds_words.py): a DS pool of ``K - 1 = 3`` columns of a 2-byte dtype,
     ``K = 4`` packed taps, four channels a word group (``dim % 4 == 0``), and blocks and
     rows of ``x`` on 8-byte boundaries (``align`` and ``x_align`` elements)."""
-    return (layout == "DS" and ksize == 4 and width in (3, 6) and packed_taps
+    return (layout == "DS" and ksize == 4 and width == 3 and packed_taps
             and dtype_bits(pool.dtype) == 16 and dim % 4 == 0 and align % 4 == 0
             and x_align * dtype_bits(x.dtype) % 64 == 0)
 

@@ -288,18 +288,14 @@ def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows, wi
     # below LATENCY_BELOW rows a one-token row's window, token and taps load with no branch
     # ahead of them, one round trip after the ids: the branch to the one-token path had
     # kept them about 100 instructions behind the ids' arrival (benchmarks/README.md, "The
-    # window ahead of the row's checks"); a 2-byte DS window of 3 or 6 columns loads as words
+    # window ahead of the row's checks"); a DS window of 3 columns loads as words
     lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1", "--width", width)
     window = [i for i, (_, text) in enumerate(lines) if "LDG.E.EF" in text]
-    # K - 1 = 3 history rows; on a DS pool, a group of four channels' words
-    assert len(window) == (int(width) if layout == "DS" else 3), lines
+    # K - 1 = 3 history rows, or a group's three words
+    assert len(window) == 3, lines
     opcodes = [next(t for t in lines[i][1].split() if t.startswith("LDG")) for i in window]
-    assert layout == "SD" or all(op.endswith(".64") for op in opcodes), opcodes
+    if layout == "DS":  # 2-byte fields, or words
+        assert (width == "3") == all(op.endswith(".64") for op in opcodes), opcodes
     control = ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")
     assert not any(c in text for _, text in lines[:window[-1]] for c in control), lines
-    assert max(d for d, text in lines[:window[-1] + 1]) == 1, lines
-    # ptxas issues a 6-column DS window's six words first and a tap word and the token
-    # after a use of them (one round trip more for those: benchmarks/README.md, "DS
-    # windows as words")
-    assert max(d for d, text in lines if "LDG" in text) == (2 if width == "6" and layout == "DS"
-                                                             else 1), lines
+    assert max(d for d, text in lines if "LDG" in text) == 1, lines
