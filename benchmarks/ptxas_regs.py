@@ -10,14 +10,22 @@ option, which the PTX carries as ``.maxnreg``; ptxas's ``-maxrregcount`` alone c
 nothing). The windows: 1 + S = 4 write blocks (the spec-capable
 step the benchmark launches) and 1.
 
+``--chunked``: the chunked kernel's step 2 instead (8 prefill rows, window 1), per warp
+count: registers, spills and the SASS instructions of one trip of its chunk loop (the
+longest backward branch's body, less the loops nested in it: a spec row's candidates),
+which Nsight Compute's count of instructions issued a warp per chunk matched within 1.1 %
+(benchmarks/README.md, "The chunked gated delta rule in two launches").
+
 Usage::
 
     python benchmarks/ptxas_regs.py [--caps 96 80 72 64]
+    python benchmarks/ptxas_regs.py --chunked [--warps 8 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
@@ -82,13 +90,61 @@ def ptxas(code: str) -> str:
     return assemble(code)[0]
 
 
+_SASS_LINE = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*)")
+
+
+def loop_trip(sass: str) -> Tuple[int, int]:
+    """The instructions of the longest loop's body in ``sass`` (from a backward branch's
+    target to the branch) and how many of them lie in loops nested in it."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in map(_SASS_LINE.match, sass.splitlines())
+            if m]
+    where = {addr: i for i, (addr, _) in enumerate(code)}
+    loops = []
+    for i, (addr, text) in enumerate(code):
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < addr and int(target.group(1), 16) in where:
+            loops.append((where[int(target.group(1), 16)], i))
+    first, last = max(loops, key=lambda lo: lo[1] - lo[0])
+    inner = [(a, b) for a, b in loops if first <= a and b <= last and (a, b) != (first, last)]
+    nested = sum(b - a + 1 for a, b in inner
+                 if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in inner))
+    return last - first + 1, nested
+
+
+@contextlib.contextmanager
+def step2_warps(warps: int):
+    """The chunked kernel's step 2 planned with ``warps`` warps (plans are cached)."""
+    from mamba_align.kernels import gdn, gdn_chunked
+    before = gdn_chunked.NUM_WARPS
+    gdn_chunked.NUM_WARPS = warps
+    cached = [f for f in vars(gdn).values() if hasattr(f, "cache_clear")]
+    try:
+        for f in cached:
+            f.cache_clear()
+        yield
+    finally:
+        gdn_chunked.NUM_WARPS = before
+        for f in cached:
+            f.cache_clear()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", type=int, nargs="*", default=[96, 80, 72, 64])
+    ap.add_argument("--chunked", action="store_true", help="the chunked kernel's step 2")
+    ap.add_argument("--warps", type=int, nargs="*", default=[8, 4])
     args = ap.parse_args()
     version = subprocess.run([os.path.join(BIN, "ptxas"), "--version"], capture_output=True,
                              text=True).stdout
     print(f"triton {triton.__version__}; {version.strip().splitlines()[-2]}")
+    if args.chunked:
+        for warps in args.warps:
+            with step2_warps(warps):
+                report, sass = assemble(ptx(gdn_plan(8, 1, "chunked")), disassemble=True)
+            body, nested = loop_trip(sass)
+            print(f"step 2, {warps} warps: {report}; a chunk: {body - nested} instructions a "
+                  f"warp ({body} with the {nested} of a spec row's candidate loop)")
+        return
     for win in (4, 1):
         for cap in [0] + args.caps:
             print(f"window {win}, cap {cap or 'none':>4}: {ptxas(ptx(gdn_plan(64, win), cap))}")

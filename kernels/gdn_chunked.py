@@ -43,7 +43,7 @@ from .rows import aligned_base, flag_row, range_fault
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
 BV = 32  # value columns per program of step 2 (at least 16: tl.dot)
-NUM_WARPS = 8  # step 2
+NUM_WARPS = 4  # step 2 (benchmarks/README.md, "The chunked gated delta rule in two launches")
 PREPARE_WARPS = 4  # step 1
 #: step 1's programs per (row, value head) at most; each takes every SPLIT-th chunk
 MAX_SPLIT = 64
