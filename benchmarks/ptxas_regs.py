@@ -10,11 +10,13 @@ option, which the PTX carries as ``.maxnreg``; ptxas's ``-maxrregcount`` alone c
 nothing). The windows: 1 + S = 4 write blocks (the spec-capable
 step the benchmark launches) and 1.
 
-``--chunked``: the chunked kernel's step 2 instead (8 prefill rows, window 1), per warp
-count: registers, spills and the SASS instructions of one trip of its chunk loop (the
-longest backward branch's body, less the loops nested in it: a spec row's candidates),
-which Nsight Compute's count of instructions issued a warp per chunk matched within 1.1 %
-(benchmarks/README.md, "The chunked gated delta rule in two launches").
+``--chunked``: the chunked kernel's step 2 instead (window 1; the binary does not depend
+on the row count), per warp count: registers, spills and the SASS instructions of one trip
+of its chunk loop (the longest backward branch's body, less the loops nested in it: a spec
+row's candidates). A static count: it takes in code that forward branches skip; with 8
+warps Nsight Compute's count of instructions issued a warp per chunk matched it within
+1.1 % (benchmarks/README.md, "The chunked gated delta rule in two launches"). ``--caps``
+does not apply to it.
 
 Usage::
 
@@ -104,8 +106,11 @@ def loop_trip(sass: str) -> Tuple[int, int]:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", text)
         if target and int(target.group(1), 16) < addr and int(target.group(1), 16) in where:
             loops.append((where[int(target.group(1), 16)], i))
+    if not loops:
+        raise ValueError("no loop (backward branch) in the SASS")
     first, last = max(loops, key=lambda lo: lo[1] - lo[0])
-    inner = [(a, b) for a, b in loops if first <= a and b <= last and (a, b) != (first, last)]
+    # (a second back edge to the loop's own head is the same loop, not a nested one)
+    inner = [(a, b) for a, b in loops if first < a and b <= last]
     nested = sum(b - a + 1 for a, b in inner
                  if not any(c <= a and b <= d and (c, d) != (a, b) for c, d in inner))
     return last - first + 1, nested

@@ -212,9 +212,9 @@ def test_recurrent_kernels_access_the_state_in_16_byte_vectors(recurrent_accesse
     # update has none
     from mamba_align.kernels.gdn import REGISTER_CAP
     assert gdn["maxnreg"] == [str(REGISTER_CAP)] and conv["maxnreg"] == [], (gdn, conv)
-    # the chunked algorithm: its own kernel, uncapped, its [128, 32] state tile over eight
-    # warps stored as four 16-byte vectors a thread, on every path that stores it (the
-    # spec rows' candidates and the final state)
+    # the chunked algorithm: its own kernel, uncapped, its [128, 32] state tile stored as
+    # 16-byte vectors (four or eight a thread, on eight or four warps) on every path that
+    # stores it (the spec rows' candidates and the final state)
     for name in ("gdn_chunked", "ssu_chunked"):  # Mamba2's: a [32, 128] tile, the same
         chunked = acc[name]
         assert chunked["maxnreg"] == [] and chunked.get("st.global.v4.b32", 0) >= 8, chunked
