@@ -27,7 +27,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
 import subprocess
@@ -116,23 +115,6 @@ def loop_trip(sass: str) -> Tuple[int, int]:
     return last - first + 1, nested
 
 
-@contextlib.contextmanager
-def step2_warps(warps: int):
-    """The chunked kernel's step 2 planned with ``warps`` warps (plans are cached)."""
-    from mamba_align.kernels import gdn, gdn_chunked
-    before = gdn_chunked.NUM_WARPS
-    gdn_chunked.NUM_WARPS = warps
-    cached = [f for f in vars(gdn).values() if hasattr(f, "cache_clear")]
-    try:
-        for f in cached:
-            f.cache_clear()
-        yield
-    finally:
-        gdn_chunked.NUM_WARPS = before
-        for f in cached:
-            f.cache_clear()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", type=int, nargs="*", default=[96, 80, 72, 64])
@@ -143,8 +125,9 @@ def main() -> None:
                              text=True).stdout
     print(f"triton {triton.__version__}; {version.strip().splitlines()[-2]}")
     if args.chunked:
+        from timing import constants  # (sets a module constant, plan caches cleared)
         for warps in args.warps:
-            with step2_warps(warps):
+            with constants({"kernels.gdn_chunked.NUM_WARPS": warps}):
                 report, sass = assemble(ptx(gdn_plan(8, 1, "chunked")), disassemble=True)
             body, nested = loop_trip(sass)
             print(f"step 2, {warps} warps: {report}; a chunk: {body - nested} instructions a "
