@@ -44,7 +44,8 @@ from mamba_align.kernels.codegen import compile_ptx  # noqa: E402
 POINTERS = {"pool": "*fp32", "A_log": "*fp32", "dt_bias": "*fp32", "errors": "*i32",
             "cu_seqlens": "*i64", "read_block": "*i64", "write_blocks": "*i64",
             "is_spec": "*i64", "chunk_g": "*fp32", "chunk_w": "*fp32",
-            "chunk_u": "*fp32"}  # the rest: bf16 q, k, v, a, b, o
+            "chunk_u": "*fp32", "chunk_q": "*fp32", "chunk_k": "*fp32",
+            "chunk_a": "*fp32"}  # the rest: bf16 q, k, v, a, b, o
 
 
 def gdn_plan(rows: int, win: int, algorithm: str = "recurrent") -> K.LaunchPlan:

@@ -32,6 +32,8 @@ from .rows import aligned_base, flag_row
 LAYOUTS = ("VK", "KV")
 #: token by token (decode, spec) or by chunks of tokens (prefill: .gdn_chunked)
 ALGORITHMS = ("recurrent", "chunked")
+#: the chunked algorithm's fp32 scratch, written by its step 1 (.gdn_chunked)
+SCRATCH = ("chunk_g", "chunk_w", "chunk_u", "chunk_q", "chunk_k", "chunk_a")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
@@ -380,6 +382,8 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
     """``algorithm="chunked"``: step 1 (:mod:`.gdn_chunked`, its solve for every chunk at
     once) as the plan's ``before`` stage, writing the fp32 scratch arrays step 2 reads."""
     chunk = chunked.CHUNK
+    scale = pool_scal[-1]  # (step 1 scales q)
+    assert scale[0] == "scale"
     bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
     # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
     # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are
@@ -393,12 +397,15 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
         kernel=(chunked.gdn_chunk_prepare_fused_gates_kernel if fused
                 else chunked.gdn_chunk_prepare_kernel),
         grid=(max(1, rows * HV * split),),
-        inputs=("k", "v") + gates + ("cu_seqlens",),
-        scalars=(("num_tokens", T),) + strides,
-        outputs=("chunk_g", "chunk_w", "chunk_u"),
+        inputs=("q", "k", "v") + gates + ("cu_seqlens",),
+        scalars=(("num_tokens", T),) + strides + (scale,),
+        outputs=SCRATCH,
         out_specs={"chunk_g": Output((T, HV), "float32"),
                    "chunk_w": Output((T, HV, K), "float32"),
-                   "chunk_u": Output((T, HV, V), "float32")},
+                   "chunk_u": Output((T, HV, V), "float32"),
+                   "chunk_q": Output((T, HV, K), "float32"),
+                   "chunk_k": Output((T, HV, K), "float32"),
+                   "chunk_a": Output((T, HV, chunk), "float32")},
         constexprs={"K": K, "V": V, "BK": bk, "BVF": max(16, next_pow2(V)),
                     "L2NORM": common["L2NORM"], "QK_ALIGN": common["QK_ALIGN"],
                     "V_ALIGN": io_align(v, v.strides[:2]), "HV": HV, "GROUP": HV // H,
@@ -410,8 +417,8 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
     return LaunchPlan(
         kernel=chunked.gated_delta_rule_chunked_kernel,
         grid=(max(1, rows * HV * cdiv(V, bv)),),
-        inputs=("pool", "errors", "q", "k") + row_ids + ("chunk_g", "chunk_w", "chunk_u"),
-        scalars=(("num_tokens", T),) + strides[:2] + pool_scal,
+        inputs=("pool", "errors", "k") + row_ids + SCRATCH,
+        scalars=(("num_tokens", T),) + strides[:2] + pool_scal[:-1],
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
@@ -469,8 +476,8 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ({chunk} tokens at a time as matrix products: the same results within rounding, not the
     same bits; a row's chunks start at its first token in the launch, so its bits depend
     on where its tokens were split into launches; for long prefill rows: two launches and
-    ``T_total * HV * (K + V + 1)`` fp32 of scratch, faster than token by token on a few long
-    rows, slower on many: docs/status.md).
+    ``T_total * HV * (3 K + V + {chunk} + 1)`` fp32 of scratch, faster than token by token
+    on a few long rows: docs/status.md).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

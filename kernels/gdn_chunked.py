@@ -5,12 +5,16 @@ row's tokens taken ``CHUNK`` at a time as matrix products, in two launches (the 
 
 1. :func:`gdn_chunk_prepare_kernel` (or ``..._fused_gates_kernel``): the chunks of every
    row and value head in parallel (``SPLIT`` programs a row and head, each taking every
-   ``SPLIT``-th chunk). Their triangular solves, which need no state, leave the
-   recurrence's inputs as fp32 scratch arrays indexed like the tokens: the log decays
-   ``chunk_g`` ``[T, HV]``, ``chunk_w`` ``[T, HV, K]`` and ``chunk_u`` ``[T, HV, V]``.
+   ``SPLIT``-th chunk). Their triangular solves and every other term that needs no state
+   leave the recurrence's inputs as fp32 scratch arrays indexed like the tokens: the log
+   decays ``chunk_g`` ``[T, HV]``, ``chunk_w`` ``[T, HV, K]``, ``chunk_u`` ``[T, HV, V]``,
+   ``chunk_q`` (``exp(G_i) q_i``) and ``chunk_k`` (``exp(D[C-1, i]) k_i``) ``[T, HV, K]``
+   and ``chunk_a`` (``exp(D[i, j]) (q_i . k_j)``, ``j <= i``; token ``i``'s row)
+   ``[T, HV, C]``.
 2. :func:`gated_delta_rule_chunked_kernel`: one program per (row, value head, ``BV`` value
    columns), the token-by-token kernel's grid, walking its row's chunks in order; per chunk
-   a few products with the state, no solve.
+   three products with the state and one within the chunk, no solve (a spec row also
+   forms the state after each candidate from ``k`` and its decays).
 
 Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, ``q`` and ``k``
 normalised), with ``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... +
@@ -80,9 +84,10 @@ def _unit_lower_inverse(a, rows, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _prepare(k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
-             num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride,
-             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, K: tl.constexpr, V: tl.constexpr,
+def _prepare(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr,
+             cu_seqlens_ptr, num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h,
+             gate_stride, scale, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr,
+             chunk_k_ptr, chunk_a_ptr, K: tl.constexpr, V: tl.constexpr,
              BK: tl.constexpr, BVF: tl.constexpr, FUSED_GATES: tl.constexpr,
              L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
              HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr):
@@ -108,6 +113,8 @@ def _prepare(k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_se
         for c in range(i_split * CHUNK, n, SPLIT * CHUNK):
             t = t0 + c + r.to(tl.int64)
             live = c + r < n
+            q = _chunk_rows(q_ptr, k_head, t, qk_stride_t, live, kk, kmask,
+                            QK_ALIGN).to(tl.float32)
             k = _chunk_rows(k_ptr, k_head, t, qk_stride_t, live, kk, kmask,
                             QK_ALIGN).to(tl.float32)
             v = _chunk_rows(v_ptr, i_hv * v_stride_h, t, v_stride_t, live, vv, vmask,
@@ -117,46 +124,58 @@ def _prepare(k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr, cu_se
             g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
             g, beta = tl.where(live, g, 0.0), tl.where(live, beta, 0.0)  # none past the row
             if L2NORM:
-                k = _normalised(k)
+                q, k = _normalised(q), _normalised(k)
+            q = q * scale
             G, decay = chunk_decays(g, CHUNK)
+            # the terms of step 2 that need no state, stored first: q dies here
+            th = t * HV + i_hv
+            kmask2 = live[:, None] & kmask[None, :]
+            a = tl.where(r[:, None] >= r[None, :], chunk_dot(q, tl.trans(k)) * decay, 0.0)
+            tl.store(chunk_a_ptr + th[:, None] * CHUNK + r[None, :], a, mask=live[:, None])
+            tl.store(chunk_q_ptr + th[:, None] * K + kk[None, :], q * tl.exp(G)[:, None],
+                     mask=kmask2)
+            last = tl.sum(tl.where(r[:, None] == CHUNK - 1, decay, 0.0), axis=0)
+            tl.store(chunk_k_ptr + th[:, None] * K + kk[None, :], k * last[:, None],
+                     mask=kmask2)
             kb = k * beta[:, None]
             m = tl.where(r[:, None] > r[None, :], chunk_dot(kb, tl.trans(k)) * decay, 0.0)
             inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
             w = chunk_dot(inv, kb * tl.exp(G)[:, None])
             u = chunk_dot(inv, v * beta[:, None])
             th = t * HV + i_hv
+            kmask2 = live[:, None] & kmask[None, :]
             tl.store(chunk_g_ptr + th, g, mask=live)
-            tl.store(chunk_w_ptr + th[:, None] * K + kk[None, :], w,
-                     mask=live[:, None] & kmask[None, :])
+            tl.store(chunk_w_ptr + th[:, None] * K + kk[None, :], w, mask=kmask2)
             tl.store(chunk_u_ptr + th[:, None] * V + vv[None, :], u,
                      mask=live[:, None] & vmask[None, :])
 
 
 # Step 1's kernels, one per op, each naming its parameters as the op's arrays (the ABI)
-def gdn_chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, cu_seqlens_ptr, num_tokens,
-                             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride,
-                             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, K: tl.constexpr,
+def gdn_chunk_prepare_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, cu_seqlens_ptr,
+                             num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h,
+                             gate_stride, scale, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr,
+                             chunk_q_ptr, chunk_k_ptr, chunk_a_ptr, K: tl.constexpr,
                              V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
                              L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr,
                              V_ALIGN: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr,
                              CHUNK: tl.constexpr, SPLIT: tl.constexpr):
-    _prepare(k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, num_tokens,
-             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
-             chunk_w_ptr, chunk_u_ptr, K, V, BK, BVF, False, L2NORM, QK_ALIGN, V_ALIGN, HV,
-             GROUP, CHUNK, SPLIT)
+    _prepare(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, g_ptr, g_ptr, cu_seqlens_ptr, num_tokens,
+             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, scale,
+             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr, chunk_a_ptr, K,
+             V, BK, BVF, False, L2NORM, QK_ALIGN, V_ALIGN, HV, GROUP, CHUNK, SPLIT)
 
 
 def gdn_chunk_prepare_fused_gates_kernel(
-        k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, num_tokens,
-        qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
-        chunk_w_ptr, chunk_u_ptr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-        BVF: tl.constexpr, L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr,
-        V_ALIGN: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr,
-        SPLIT: tl.constexpr):
-    _prepare(k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr, num_tokens,
-             qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, chunk_g_ptr,
-             chunk_w_ptr, chunk_u_ptr, K, V, BK, BVF, True, L2NORM, QK_ALIGN, V_ALIGN, HV,
-             GROUP, CHUNK, SPLIT)
+        q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+        num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, scale,
+        chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr, chunk_a_ptr,
+        K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr,
+        L2NORM: tl.constexpr, QK_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
+        HV: tl.constexpr, GROUP: tl.constexpr, CHUNK: tl.constexpr, SPLIT: tl.constexpr):
+    _prepare(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, cu_seqlens_ptr,
+             num_tokens, qk_stride_t, qk_stride_h, v_stride_t, v_stride_h, gate_stride, scale,
+             chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr, chunk_a_ptr, K,
+             V, BK, BVF, True, L2NORM, QK_ALIGN, V_ALIGN, HV, GROUP, CHUNK, SPLIT)
 
 
 gdn_chunk_prepare_kernel = same_binary_jit(gdn_chunk_prepare_kernel)
@@ -164,27 +183,28 @@ gdn_chunk_prepare_fused_gates_kernel = same_binary_jit(gdn_chunk_prepare_fused_g
 
 
 @triton.jit
-def _chunk_inputs(q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t, live, qk_head,
-                  i_hv, qk_stride_t, kk, vv, kmask, vmask, K: tl.constexpr, V: tl.constexpr,
-                  HV: tl.constexpr, QK_ALIGN: tl.constexpr):
-    """Step 2's inputs of the tokens ``t`` (``[CHUNK]``): q, k ``[CHUNK, BK]`` as stored,
-    the log decays ``[CHUNK]``, ``W`` ``[CHUNK, BK]`` and ``U0`` ``[CHUNK, BV]`` (step 1's),
-    zero where ``live`` is false."""
-    q = _chunk_rows(q_ptr, qk_head, t, qk_stride_t, live, kk, kmask, QK_ALIGN)
-    k = _chunk_rows(k_ptr, qk_head, t, qk_stride_t, live, kk, kmask, QK_ALIGN)
+def _chunk_inputs(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr,
+                  chunk_a_ptr, t, live, i_hv, kk, vv, kmask, vmask, K: tl.constexpr,
+                  V: tl.constexpr, HV: tl.constexpr, CHUNK: tl.constexpr):
+    """Step 1's scratch for the tokens ``t`` (``[CHUNK]``), zero where ``live`` is false:
+    the log decays ``[CHUNK]``, ``W`` ``[CHUNK, BK]``, ``U0`` ``[CHUNK, BV]``, the decayed
+    ``q`` and ``k`` ``[CHUNK, BK]`` and the chunk's ``q . k`` terms ``[CHUNK, CHUNK]``."""
     th = t * HV + i_hv
     g = tl.load(chunk_g_ptr + th, mask=live, other=0)
     w = _chunk_rows(chunk_w_ptr, 0, th, K, live, kk, kmask, 1)
     u0 = _chunk_rows(chunk_u_ptr, 0, th, V, live, vv, vmask, 1)
-    return q, k, g, w, u0
+    qg = _chunk_rows(chunk_q_ptr, 0, th, K, live, kk, kmask, 1)
+    kd = _chunk_rows(chunk_k_ptr, 0, th, K, live, kk, kmask, 1)
+    r = tl.arange(0, CHUNK)
+    a = _chunk_rows(chunk_a_ptr, 0, th, CHUNK, live, r, r < CHUNK, 1)
+    return g, w, u0, qg, kd, a
 
 
 @same_binary_jit
 def gated_delta_rule_chunked_kernel(
     pool_in_ptr,  # aliased with pool_ptr
     errors_in_ptr,
-    q_ptr,  # [T, H, K]
-    k_ptr,  # [T, H, K]
+    k_ptr,  # [T, H, K] (a spec row's candidates)
     cu_seqlens_ptr,
     read_block_ptr,
     write_blocks_ptr,  # [N, WIN]
@@ -192,6 +212,9 @@ def gated_delta_rule_chunked_kernel(
     chunk_g_ptr,  # [T, HV] fp32: step 1's
     chunk_w_ptr,  # [T, HV, K] fp32
     chunk_u_ptr,  # [T, HV, V] fp32
+    chunk_q_ptr,  # [T, HV, K] fp32
+    chunk_k_ptr,  # [T, HV, K] fp32
+    chunk_a_ptr,  # [T, HV, CHUNK] fp32
     num_tokens,
     qk_stride_t,
     qk_stride_h,
@@ -200,7 +223,6 @@ def gated_delta_rule_chunked_kernel(
     block_stride,
     head_stride,
     num_blocks,
-    scale,
     o_ptr,  # [T, HV, V]
     pool_ptr,
     errors_ptr,
@@ -218,7 +240,7 @@ def gated_delta_rule_chunked_kernel(
     GROUP: tl.constexpr,  # HV // H
     CHUNK: tl.constexpr,
 ):
-    """Step 2 (the module's docstring), for both ops (step 1 consumed the gates and ``v``):
+    """Step 2 (the module's docstring), for both ops (step 1 consumed q, the gates and ``v``):
     one program per (row, value head ``i_hv``, value columns ``[i_v BV, (i_v + 1) BV)``),
     all the row's tokens, ``CHUNK`` at a time; the arrays are :func:`.gdn._gdn`'s."""
     row, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
@@ -247,33 +269,34 @@ def gated_delta_rule_chunked_kernel(
     if fault == 0:
         tl.debug_barrier()  # the whole initial state is loaded before any store
         r = tl.arange(0, CHUNK)
-        causal = r[:, None] >= r[None, :]
         qk_head = i_h * qk_stride_h
         t = t0 + r.to(tl.int64)
         live = r < n
-        q_in, k_in, g, w, u0 = _chunk_inputs(
-            q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t, live, qk_head, i_hv,
-            qk_stride_t, kk, vv, kmask, vmask, K, V, HV, QK_ALIGN)
+        g, w, u0, qg, kd, a = _chunk_inputs(
+            chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr, chunk_a_ptr, t,
+            live, i_hv, kk, vv, kmask, vmask, K, V, HV, CHUNK)
         for c in range(0, n, CHUNK):
             # the next chunk's inputs, loaded while this one computes
             t_next = t + CHUNK
             live_next = c + CHUNK + r < n
-            q_nx, k_nx, g_nx, w_nx, u0_nx = _chunk_inputs(
-                q_ptr, k_ptr, chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t_next, live_next,
-                qk_head, i_hv, qk_stride_t, kk, vv, kmask, vmask, K, V, HV, QK_ALIGN)
-            q, k = q_in.to(tl.float32), k_in.to(tl.float32)
-            if L2NORM:
-                q, k = _normalised(q), _normalised(k)
-            q = q * scale
-            G, decay = chunk_decays(g, CHUNK)  # g = 0 past the row: the sums stop there
+            g_nx, w_nx, u0_nx, qg_nx, kd_nx, a_nx = _chunk_inputs(
+                chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, chunk_q_ptr, chunk_k_ptr, chunk_a_ptr,
+                t_next, live_next, i_hv, kk, vv, kmask, vmask, K, V, HV, CHUNK)
             u = u0 - chunk_dot(w, s)
-            qk = tl.where(causal, chunk_dot(q, tl.trans(k)) * decay, 0.0)
-            o = chunk_dot(q * tl.exp(G)[:, None], s) + chunk_dot(qk, u)
+            o = chunk_dot(qg, s) + chunk_dot(a, u)
             tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
                      mask=live[:, None] & vmask[None, :])
-            s = chunk_advance(s, G, decay, k, u, c, n, jw, wb, spec, pool_ptr, head,
-                              block_stride, s_offs, smask, ALIGN, CHUNK)
+            if spec:  # every candidate's state, from k and the decays
+                k = _chunk_rows(k_ptr, qk_head, t, qk_stride_t, live, kk, kmask,
+                                QK_ALIGN).to(tl.float32)
+                if L2NORM:
+                    k = _normalised(k)
+                G, decay = chunk_decays(g, CHUNK)  # g = 0 past the row: the sums stop there
+                s = chunk_advance(s, G, decay, k, u, c, n, jw, wb, spec, pool_ptr, head,
+                                  block_stride, s_offs, smask, ALIGN, CHUNK)
+            else:  # (g = 0 past the row)
+                s = tl.exp(tl.sum(g, axis=0)) * s + chunk_dot(tl.trans(kd), u)
             t, live = t_next, live_next
-            q_in, k_in, g, w, u0 = q_nx, k_nx, g_nx, w_nx, u0_nx
+            g, w, u0, qg, kd, a = g_nx, w_nx, u0_nx, qg_nx, kd_nx, a_nx
         store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
                           ALIGN)

@@ -171,8 +171,8 @@ for name, plan in plans.items():
         if not n.endswith("_ptr"):
             return "fp32" if n == "scale" else "i32"
         stem = n[:-4].replace("_in", "")
-        if name.startswith("gdn") and stem in ("pool", "A_log", "dt_bias", "chunk_g",
-                                                "chunk_w", "chunk_u"):
+        if name.startswith("gdn") and (stem in ("pool", "A_log", "dt_bias")
+                                       or stem.startswith("chunk_")):
             return "*fp32"
         if name.startswith("ssu") and stem in ("pool", "A", "D", "dt_bias"):
             return "*fp32"
