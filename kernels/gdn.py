@@ -382,8 +382,7 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
     """``algorithm="chunked"``: step 1 (:mod:`.gdn_chunked`, its solve for every chunk at
     once) as the plan's ``before`` stage, writing the fp32 scratch arrays step 2 reads."""
     chunk = chunked.CHUNK
-    scale = pool_scal[-1]  # (step 1 scales q)
-    assert scale[0] == "scale"
+    scale = next(s for s in pool_scal if s[0] == "scale")  # (step 1 scales q)
     bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
     # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
     # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are

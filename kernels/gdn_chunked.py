@@ -13,8 +13,9 @@ row's tokens taken ``CHUNK`` at a time as matrix products, in two launches (the 
    ``[T, HV, C]``.
 2. :func:`gated_delta_rule_chunked_kernel`: one program per (row, value head, ``BV`` value
    columns), the token-by-token kernel's grid, walking its row's chunks in order; per chunk
-   three products with the state and one within the chunk, no solve (a spec row also
-   forms the state after each candidate from ``k`` and its decays).
+   two products with the state (``W S0``, ``exp(G) q S0``), the state's update and one
+   product within the chunk (``a U``), no solve (a spec row also forms the state after each
+   candidate from ``k`` and its decays).
 
 Within a chunk of tokens ``0 .. C-1`` (``q`` scaled and, with l2norm, ``q`` and ``k``
 normalised), with ``G_i = g_0 + ... + g_i`` (the log decays), ``D[i, j] = g_(j+1) + ... +
@@ -142,8 +143,6 @@ def _prepare(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr
             inv = _unit_lower_inverse(m, tl.minimum(CHUNK, n - c), CHUNK)
             w = chunk_dot(inv, kb * tl.exp(G)[:, None])
             u = chunk_dot(inv, v * beta[:, None])
-            th = t * HV + i_hv
-            kmask2 = live[:, None] & kmask[None, :]
             tl.store(chunk_g_ptr + th, g, mask=live)
             tl.store(chunk_w_ptr + th[:, None] * K + kk[None, :], w, mask=kmask2)
             tl.store(chunk_u_ptr + th[:, None] * V + vv[None, :], u,
