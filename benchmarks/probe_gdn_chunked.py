@@ -72,6 +72,7 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
         with constants({"kernels.gdn_chunked.CHUNK": int(chunk),
                         "kernels.gdn_chunked.BV": int(bv),
                         "kernels.gdn_chunked.NUM_WARPS": int(warps),
+                        "kernels.gdn_chunked.FEW_PROGRAMS_WARPS": int(warps),
                         "kernels.gdn_chunked.PREPARE_WARPS": prepare_warps}):
             got = ours("chunked")
             check(f"{variant} B={B}", got[:tokens], want, 5e-2)

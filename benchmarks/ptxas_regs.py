@@ -128,7 +128,8 @@ def main() -> None:
     if args.chunked:
         from timing import constants  # (sets a module constant, plan caches cleared)
         for warps in args.warps:
-            with constants({"kernels.gdn_chunked.NUM_WARPS": warps}):
+            with constants({"kernels.gdn_chunked.NUM_WARPS": warps,
+                            "kernels.gdn_chunked.FEW_PROGRAMS_WARPS": warps}):
                 report, sass = assemble(ptx(gdn_plan(8, 1, "chunked")), disassemble=True)
             body, nested = loop_trip(sass)
             print(f"step 2, {warps} warps: {report}; a chunk: {body - nested} instructions a "

@@ -413,15 +413,18 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
         skip=rows == 0,
     )
     bv = max(16, min(chunked.BV, next_pow2(V)))
+    programs = max(1, rows * HV * cdiv(V, bv))
+    # (a symbolic grid, torch.compile's fake, takes the many-programs count unpinned)
+    few = isinstance(programs, int) and programs <= chunked.ONE_WAVE
     return LaunchPlan(
         kernel=chunked.gated_delta_rule_chunked_kernel,
-        grid=(max(1, rows * HV * cdiv(V, bv)),),
+        grid=(programs,),
         inputs=("pool", "errors", "k") + row_ids + SCRATCH,
         scalars=(("num_tokens", T),) + strides[:2] + pool_scal[:-1],
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
-        num_warps=chunked.NUM_WARPS,
+        num_warps=chunked.FEW_PROGRAMS_WARPS if few else chunked.NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,
         before=(prepare,),

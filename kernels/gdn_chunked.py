@@ -48,7 +48,11 @@ from .rows import aligned_base, flag_row, range_fault
 
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
 BV = 32  # value columns per program of step 2 (at least 16: tl.dot)
-NUM_WARPS = 4  # step 2 (benchmarks/README.md, "The chunked gated delta rule in two launches")
+#: step 2's warps: 8 while its grid is at most ONE_WAVE programs (one an SM), else 4 (two
+#: programs an SM; benchmarks/README.md, "The chunked gated delta rule in two launches")
+FEW_PROGRAMS_WARPS = 8
+NUM_WARPS = 4
+ONE_WAVE = 132  # the SMs of an H100 / H200
 PREPARE_WARPS = 4  # step 1
 #: step 1's programs per (row, value head) at most; each takes every SPLIT-th chunk
 MAX_SPLIT = 64

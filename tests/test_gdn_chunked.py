@@ -294,3 +294,22 @@ def test_an_unknown_algorithm_is_refused():
                               spec((1, 1), f32), spec((1, 1), f32), spec((2,), "int64"), ids,
                               spec((1, 1), "int64"), ids, layer=0, scale=0.0,
                               use_qk_l2norm=False, layout="VK", algorithm="parallel")
+
+
+@pytest.mark.parametrize("rows,want", [(1, "few"), (2, "many"), (1024, "many")])
+def test_step_2_takes_more_warps_while_its_grid_fits_one_wave(rows, want):
+    from mamba_align.kernels import gdn_chunked
+    spec, f32 = ArraySpec.row_major, "float32"
+    T, ids = 64 * rows, spec((rows,), "int64")
+    plan = plan_gated_delta_rule(spec((L, NB, 32, 128, 128), f32), spec((2,), "int32"),
+                                 spec((T, 16, 128), "bfloat16"), spec((T, 16, 128), "bfloat16"),
+                                 spec((T, 32, 128), "bfloat16"), spec((T, 32), f32),
+                                 spec((T, 32), f32), spec((rows + 1,), "int64"), ids,
+                                 spec((rows, 1), "int64"), ids, layer=0, scale=0.0,
+                                 use_qk_l2norm=True, layout="VK", algorithm="chunked")
+    programs = plan.grid[0]
+    assert programs == rows * 32 * 128 // gdn_chunked.BV
+    assert (programs <= gdn_chunked.ONE_WAVE) == (want == "few")
+    assert plan.num_warps == (gdn_chunked.FEW_PROGRAMS_WARPS if want == "few"
+                              else gdn_chunked.NUM_WARPS)
+    assert plan.before[0].num_warps == gdn_chunked.PREPARE_WARPS

@@ -139,6 +139,38 @@ def test_more_than_65535_programs(op):
     assert got[2].tolist() == want[2].tolist()
 
 
+def test_a_chunked_row_gives_its_bits_on_either_warp_count():
+    # step 2 of the chunked rule runs 8 warps while its grid fits one wave, 4 beyond it; a
+    # row alone (128 programs at these shapes) and beside another (256) take one each, and
+    # its bits must not depend on the batch (docs/semantics.md §4)
+    from mamba_align.core.faults import new_errors
+    from mamba_align.kernels import gdn_chunked
+    per_row = 32 * 128 // gdn_chunked.BV
+    assert per_row <= gdn_chunked.ONE_WAVE < 2 * per_row
+    assert gdn_chunked.FEW_PROGRAMS_WARPS != gdn_chunked.NUM_WARPS
+    rng, n0, n1 = np.random.default_rng(5), 80, 45
+    pool = (0.1 * rng.normal(size=(2, 4, 32, 128, 128))).astype(np.float32)
+    q, k = (rng.normal(size=(n0 + n1, 16, 128)).astype(np.float32) for _ in range(2))
+    v = rng.normal(size=(n0 + n1, 32, 128)).astype(np.float32)
+    gates = {"g": -rng.uniform(0, 0.5, (n0 + n1, 32)).astype(np.float32),
+             "beta": rng.uniform(0, 1, (n0 + n1, 32)).astype(np.float32)}
+    dev = make_backend("torch")
+    ids = functools.partial(np.array, dtype=np.int64)
+    first = {n: a[:n0] for n, a in gates.items()}
+    both = dev.gdn(pool, q, k, v, gates, ids([0, n0, n0 + n1]), ids([0, 2]),
+                   ids([[1, -1], [3, -1]]), ids([0, 0]), layer=1, use_qk_l2norm=True,
+                   algorithm="chunked")
+    alone = dev.gdn(pool, q[:n0], k[:n0], v[:n0], first, ids([0, n0]), ids([0]),
+                    ids([[1, -1]]), ids([0]), layer=1, use_qk_l2norm=True, algorithm="chunked")
+    assert both[2].tolist() == alone[2].tolist() == new_errors().tolist()
+    np.testing.assert_array_equal(alone[0], both[0][:n0])
+    np.testing.assert_array_equal(alone[1][1, 1], both[1][1, 1])
+    want = make_backend("reference").gdn(pool, q[:n0], k[:n0], v[:n0], first, ids([0, n0]),
+                                         ids([0]), ids([[1, -1]]), ids([0]), layer=1,
+                                         use_qk_l2norm=True)
+    np.testing.assert_allclose(alone[0], want[0], rtol=1e-4, atol=1e-4)
+
+
 def test_cuda_graph_replay_of_the_recurrences():
     pool_c = torch.zeros((1, 4, 5, 64), device=DEV)
     pool_t = torch.zeros((1, 4, 2, 16, 16), device=DEV)
