@@ -10,7 +10,8 @@ when it compiles). Every output is checked against the float64 reference of the 
 before it is timed (CUDA-graph replay, cold blocks cycled), and its largest relative
 difference from the token-by-token kernel's output is recorded. Step 1 (every chunk's
 solve) is also timed alone (``chunked_step1``).
-Writes ``probe_gdn_chunked_{label}_h200.json`` under ``--out``.
+Writes ``probe_gdn_chunked_{label}_h200.json`` under ``--out`` (the card it ran on named
+inside).
 
 Usage::
 
@@ -69,10 +70,11 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
         base = ours("recurrent")
         check(f"recurrent B={B}", base[:tokens], want, 5e-2)
         methods = {"recurrent": lambda: ours("recurrent")}
+        from mamba_align.kernels import gdn_chunked
+        warp_knobs = [n for n in ("NUM_WARPS", "FEW_PROGRAMS_WARPS") if hasattr(gdn_chunked, n)]
         with constants({"kernels.gdn_chunked.CHUNK": int(chunk),
                         "kernels.gdn_chunked.BV": int(bv),
-                        "kernels.gdn_chunked.NUM_WARPS": int(warps),
-                        "kernels.gdn_chunked.FEW_PROGRAMS_WARPS": int(warps),
+                        **{f"kernels.gdn_chunked.{n}": int(warps) for n in warp_knobs},
                         "kernels.gdn_chunked.PREPARE_WARPS": prepare_warps}):
             got = ours("chunked")
             check(f"{variant} B={B}", got[:tokens], want, 5e-2)
@@ -144,8 +146,9 @@ def main() -> None:
             records.append(rec)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     (out / f"probe_gdn_chunked_{args.label}_h200.json").write_text(json.dumps(
-        dict(label=args.label, tokens=args.tokens, records=records), indent=1))
+        dict(label=args.label, device=device, tokens=args.tokens, records=records), indent=1))
 
 
 if __name__ == "__main__":
