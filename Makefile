@@ -65,7 +65,7 @@ GPU_PART1 := tests/test_e2e.py tests/test_hybrid_model.py tests/test_dense.py te
 GPU_PART2 := tests/test_equivalence.py tests/test_fuzz.py tests/test_docs.py tests/test_tp.py \
 	tests/test_bench_serving.py tests/test_bench_recurrent.py tests/test_scenarios.py
 GPU_TEST := EQUIVALENCE_EXAMPLES=50 python3 -m pytest -q -p no:cacheprovider \
-	$$(python3 -c 'import xdist' 2>/dev/null && printf -- '-n %s' $(GPU_WORKERS)) $(PYTEST_ARGS)
+	$$(python3 -c 'import xdist, execnet' 2>/dev/null && printf -- '-n %s' $(GPU_WORKERS)) $(PYTEST_ARGS)
 gpu-test: gpu-test-1 gpu-test-2 gpu-test-3
 gpu-test-all: gpu-setup
 	set -o pipefail; $(GPU_TEST) --junitxml=$(OUT)/gpu_tests_all.xml tests 2>&1 \

@@ -53,10 +53,9 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     s = dict(shapes(small), prefill=tokens)
     fla = None if small else load_fla()
-    gen = torch.Generator().manual_seed(0)
     out = []
-    for B in rows:
-        c = Case(s, B, tokens, False, dev, gen)
+    for B in rows:  # a generator per row count: its inputs do not depend on --rows
+        c = Case(s, B, tokens, False, dev, torch.Generator().manual_seed(B))
         g = (-torch.exp(c.A_log) * torch.nn.functional.softplus(c.a.float() + c.dt_bias))
         g = g.contiguous()
         beta = torch.sigmoid(c.b.float()).to(c.q.dtype)

@@ -416,11 +416,12 @@ def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates
     programs = max(1, rows * HV * cdiv(V, bv))
     # (a symbolic grid, torch.compile's fake, takes the many-programs count unpinned)
     few = isinstance(programs, int) and programs <= chunked.ONE_WAVE
+    unscaled = tuple(s for s in pool_scal if s[0] != "scale")  # (step 1 took the scale)
     return LaunchPlan(
         kernel=chunked.gated_delta_rule_chunked_kernel,
         grid=(programs,),
         inputs=("pool", "errors", "k") + row_ids + SCRATCH,
-        scalars=(("num_tokens", T),) + strides[:2] + pool_scal[:-1],
+        scalars=(("num_tokens", T),) + strides[:2] + unscaled,
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),

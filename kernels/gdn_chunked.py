@@ -49,7 +49,9 @@ from .rows import aligned_base, flag_row, range_fault
 CHUNK = 16  # tokens per chunk (fixed: batch invariance)
 BV = 32  # value columns per program of step 2 (at least 16: tl.dot)
 #: step 2's warps: 8 while its grid is at most ONE_WAVE programs (one an SM), else 4 (two
-#: programs an SM; benchmarks/README.md, "The chunked gated delta rule in two launches")
+#: programs an SM; benchmarks/README.md, "The chunked gated delta rule in two launches").
+#: Both binaries must give a row the same bits, whatever its batch: tests/test_gdn_chunked.py
+#: and tests/test_recurrent_gpu.py compare them
 FEW_PROGRAMS_WARPS = 8
 NUM_WARPS = 4
 ONE_WAVE = 132  # the SMs of an H100 / H200

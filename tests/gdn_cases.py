@@ -34,3 +34,16 @@ def gdn_inputs(rng, T, H, HV, K, V, dtype=np.float32, pool_dtype=np.float32, lay
 def close(a, b, tol):
     """``a`` within ``tol`` of ``b`` relatively, and absolutely near zero."""
     np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=tol, atol=tol)
+
+
+def chunked_plan(T, rows, H, HV, K, V, layout="VK"):
+    """The chunked plan of fp32 arrays for ``T`` tokens over ``rows`` rows (statics fixed)."""
+    from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
+    spec, f32, ids = ArraySpec.row_major, "float32", ArraySpec.row_major((rows,), "int64")
+    state = (V, K) if layout == "VK" else (K, V)
+    return plan_gated_delta_rule(spec((L, NB, HV) + state, f32), spec((2,), "int32"),
+                                 spec((T, H, K), f32), spec((T, H, K), f32),
+                                 spec((T, HV, V), f32), spec((T, HV), f32), spec((T, HV), f32),
+                                 spec((rows + 1,), "int64"), ids, spec((rows, 3), "int64"), ids,
+                                 layer=1, scale=0.0, use_qk_l2norm=False, layout=layout,
+                                 algorithm="chunked")

@@ -6,7 +6,7 @@ outputs and states; bf16: 3e-2. torch and JAX run the same kernel: bit-identical
 import ml_dtypes
 import numpy as np
 import pytest
-from gdn_cases import CASES, L, NB, close, gdn_inputs
+from gdn_cases import CASES, L, NB, chunked_plan, close, gdn_inputs
 from support import make_backend
 
 from mamba_align.core import Fault, new_errors
@@ -296,20 +296,44 @@ def test_an_unknown_algorithm_is_refused():
                               use_qk_l2norm=False, layout="VK", algorithm="parallel")
 
 
-@pytest.mark.parametrize("rows,want", [(1, "few"), (2, "many"), (1024, "many")])
-def test_step_2_takes_more_warps_while_its_grid_fits_one_wave(rows, want):
+# (rows, HV, V): 128 programs, 256, 132 and 133 (one value tile of 32 columns a head)
+@pytest.mark.parametrize("rows,HV,V", [(1, 32, 128), (2, 32, 128), (1, 132, 32), (1, 133, 32)])
+def test_step_2_takes_more_warps_while_its_grid_fits_one_wave(rows, HV, V):
     from mamba_align.kernels import gdn_chunked
-    spec, f32 = ArraySpec.row_major, "float32"
-    T, ids = 64 * rows, spec((rows,), "int64")
-    plan = plan_gated_delta_rule(spec((L, NB, 32, 128, 128), f32), spec((2,), "int32"),
-                                 spec((T, 16, 128), "bfloat16"), spec((T, 16, 128), "bfloat16"),
-                                 spec((T, 32, 128), "bfloat16"), spec((T, 32), f32),
-                                 spec((T, 32), f32), spec((rows + 1,), "int64"), ids,
-                                 spec((rows, 1), "int64"), ids, layer=0, scale=0.0,
-                                 use_qk_l2norm=True, layout="VK", algorithm="chunked")
+    plan = chunked_plan(64 * rows, rows, 1, HV, 128, V)
     programs = plan.grid[0]
-    assert programs == rows * 32 * 128 // gdn_chunked.BV
-    assert (programs <= gdn_chunked.ONE_WAVE) == (want == "few")
-    assert plan.num_warps == (gdn_chunked.FEW_PROGRAMS_WARPS if want == "few"
-                              else gdn_chunked.NUM_WARPS)
+    assert programs == rows * HV * V // gdn_chunked.BV
+    few = programs <= gdn_chunked.ONE_WAVE
+    assert few == (programs <= 132)
+    assert plan.num_warps == (gdn_chunked.FEW_PROGRAMS_WARPS if few else gdn_chunked.NUM_WARPS)
     assert plan.before[0].num_warps == gdn_chunked.PREPARE_WARPS
+
+
+@pytest.mark.parametrize("H,HV,K,V,layout", [c[:5] for c in CASES]
+                         + [(1, 2, 48, 40, "VK"), (2, 2, 64, 32, "KV")])
+def test_either_warp_count_gives_the_same_bits(device_backend, monkeypatch, H, HV, K, V, layout):
+    # step 2's warps follow its grid, so a row alone and in a large batch run different
+    # binaries; its bits must not depend on the batch (docs/semantics.md §4): CU's rows
+    # (ragged, spec, one-token, empty) once on each warp count
+    from mamba_align.kernels import OPS, gdn_chunked
+
+    def clear():
+        for op in OPS:
+            if hasattr(op.plan, "cache_clear"):
+                op.plan.cache_clear()
+    rng = np.random.default_rng(11)
+    pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, layout=layout)
+    got, warps = [], []
+    try:
+        for one_wave in (10 ** 9, 0):
+            monkeypatch.setattr(gdn_chunked, "ONE_WAVE", one_wave)
+            clear()
+            warps.append(chunked_plan(int(CU[-1]), len(RB), H, HV, K, V, layout).num_warps)
+            got.append(run(device_backend, pool, q, k, v, gates, layer=1, layout=layout))
+    finally:
+        monkeypatch.undo()
+        clear()
+    assert warps == [gdn_chunked.FEW_PROGRAMS_WARPS, gdn_chunked.NUM_WARPS]
+    assert got[0][2].tolist() == got[1][2].tolist() == new_errors().tolist()
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
