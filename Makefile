@@ -1,4 +1,5 @@
-# make test  : create .venv with the CI pins if needed, install the package, run pytest
+# make test  : create .venv with the CI pins if needed, install the package, run pytest on
+#              TEST_WORKERS processes (pytest-xdist; the cores, at most 4)
 # make demo  : same set-up, then serve the small GDN model with prefix caching from torch
 #              and JAX (examples/serve_demo.py; writes demo_tokens_saved.png)
 # make gpu   : on the GPU machine (device tool): the image's torch/triton, the whole test
@@ -10,9 +11,12 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
-          hypothesis==6.170.17 pytest==9.2.0 matplotlib==3.11.2
+          hypothesis==6.170.17 pytest==9.2.0 pytest-xdist==3.8.0 matplotlib==3.11.2
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
+# make test's pytest processes (pytest-xdist): the machine's cores, at most 4 (each holds
+# torch, JAX and Triton's interpreter); 1 runs the suite in one process
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-test-all gpu-test-1 gpu-test-2 gpu-test-3 \
 	gpu-fuzz sanitize sanitize-memcheck sanitize-racecheck gpu-bench
@@ -27,7 +31,7 @@ $(STAMP): Makefile pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) examples/serve_demo.py
