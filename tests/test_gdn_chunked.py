@@ -117,6 +117,29 @@ def test_spec_rows_longer_than_a_chunk(device_backend):
     close(out, rout, 1e-5)
 
 
+def test_one_write_block_a_launch(device_backend):
+    # write blocks [N, 1] (no drafts): step 2 has no candidate branch, and a spec row holds at
+    # most one token, its state the final one; the rows without spec give the bits they give
+    # beside three write blocks
+    rng = np.random.default_rng(12)
+    cu = np.array([0, 70, 71, 71, 74 + CHUNK, 76 + CHUNK])
+    pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
+    rb, spec = np.array([3, 4, 5, 2, 9]), np.array([0, 1, 1, 0, 1])
+    wbs = np.array([[1], [6], [7], [2], [8]])  # the last row: two tokens, one write block
+    args = (pool, q, k, v, gates, cu, rb, wbs, spec)
+    o, out, err = run(device_backend, *args, layer=1, use_qk_l2norm=True)
+    ro, rout, rerr = make_backend("reference").gdn(*args, layer=1, use_qk_l2norm=True)
+    assert err.tolist() == rerr.tolist() == [int(Fault.BAD_QUERY_LEN), 4]
+    close(o, ro, 1e-5)
+    close(out, rout, 1e-5)
+    wide = np.concatenate([wbs, np.full((5, 2), -1)], axis=1)
+    o3, out3, _ = run(device_backend, pool, q, k, v, gates, cu, rb, wide, spec, layer=1,
+                      use_qk_l2norm=True)
+    for r in (0, 3):
+        np.testing.assert_array_equal(o[cu[r]:cu[r + 1]], o3[cu[r]:cu[r + 1]])
+        np.testing.assert_array_equal(out[1, wbs[r, 0]], out3[1, wbs[r, 0]])
+
+
 def test_bf16_inputs_and_state(device_backend):
     rng = np.random.default_rng(1)
     bf = ml_dtypes.bfloat16
