@@ -15,8 +15,10 @@ PINS   := torch==2.13.0 triton==3.6.0 "numpy<2.4" jax==0.10.2 jaxlib==0.10.2 \
 STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 # make test's pytest processes (pytest-xdist): the machine's cores, at most 4 (each holds
-# torch, JAX and Triton's interpreter); 1 runs the suite in one process
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+# torch, JAX and Triton's interpreter; nproc without the OpenMP limits, which it would
+# follow); 1 runs the suite in one process, as pytest's --pdb and -s need
+TEST_WORKERS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null \
+	|| echo 1); echo $$(( n < 4 ? n : 4 )))
 
 .PHONY: test demo venv clean gpu gpu-setup gpu-test gpu-test-all gpu-test-1 gpu-test-2 gpu-test-3 \
 	gpu-fuzz sanitize sanitize-memcheck sanitize-racecheck gpu-bench

@@ -118,9 +118,9 @@ def test_spec_rows_longer_than_a_chunk(device_backend):
 
 
 def test_one_write_block_a_launch(device_backend):
-    # write blocks [N, 1] (no drafts): step 2 has no candidate branch, and a spec row holds at
-    # most one token, its state the final one; the rows without spec give the bits they give
-    # beside three write blocks
+    # write blocks [N, 1] (no drafts): a spec row holds at most one token, its state the final
+    # one; the rows without spec give the bits they give beside three write blocks (compiled,
+    # the two launches are two binaries)
     rng = np.random.default_rng(12)
     cu = np.array([0, 70, 71, 71, 74 + CHUNK, 76 + CHUNK])
     pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
