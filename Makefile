@@ -16,9 +16,7 @@ STAMP  := $(VENV)/.pins-installed
 PYTEST_ARGS ?=
 # make test's pytest processes (pytest-xdist): the machine's cores, at most 4 (each holds
 # torch, JAX and Triton's interpreter; nproc without the OpenMP limits, which it would
-# follow); 1 runs the suite in one process, as pytest's --pdb and -s need. A file's tests
-# share a process (--dist loadfile): its module fixtures are built once (on 2 cores the
-# suite took 658 s so, 728 s with the tests dealt one by one)
+# follow); 1 runs the suite in one process, as pytest's --pdb and -s need
 TEST_WORKERS ?= $(shell n=$$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null \
 	|| echo 1); echo $$(( n < 4 ? n : 4 )))
 
@@ -35,8 +33,7 @@ $(STAMP): Makefile pyproject.toml
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) \
-	  $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS)) $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(PY) examples/serve_demo.py
