@@ -7,9 +7,10 @@ block) completely, then runs the row's tokens in order in fp32, storing ``o`` pe
 and the state to the row's write blocks: after every token on spec rows, once at the end
 otherwise. Tiles never depend on the batch, so a row's bits do not either.
 
-``algorithm="chunked"`` launches :mod:`.gdn_chunked`'s two kernels instead (a row's tokens
-by chunks, as matrix products: every chunk's triangular solve at once, then the same grid
-as here walking the chunks); they carry no register cap.
+``algorithm="chunked"`` launches :mod:`.gdn_chunked`'s two kernels instead, planned there
+(:func:`.gdn_chunked.plan_chunked`) after this module's checks (a row's tokens by chunks,
+as matrix products: every chunk's triangular solve at once, then the same grid as here
+walking the chunks); they carry no register cap.
 """
 
 from __future__ import annotations
@@ -32,8 +33,6 @@ from .rows import aligned_base, flag_row
 LAYOUTS = ("VK", "KV")
 #: token by token (decode, spec) or by chunks of tokens (prefill: .gdn_chunked)
 ALGORITHMS = ("recurrent", "chunked")
-#: the chunked algorithm's fp32 scratch, written by its step 1 (.gdn_chunked)
-SCRATCH = ("chunk_g", "chunk_w", "chunk_u", "chunk_q", "chunk_k", "chunk_a")
 BV = 8  # value rows per program (fixed: batch invariance; benchmarks/README.md)
 NUM_WARPS = 1
 #: registers per thread (Triton's ``maxnreg``, both launchers): ptxas's own choice, 96-122,
@@ -348,8 +347,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     pool_scal = (("wb_stride", write_blocks.strides[0]),
                  ("layer_offset", layer * scal["layer_stride"]),
                  ("block_stride", scal["block_stride"]), ("head_stride", pool.strides[2]),
-                 ("num_blocks", scal["num_blocks"]),
-                 ("scale", float(scale) if scale > 0 else K ** -0.5))
+                 ("num_blocks", scal["num_blocks"]))
+    scale_scal = ("scale", float(scale) if scale > 0 else K ** -0.5)
     row_ids = ("cu_seqlens", "read_block", "write_blocks", "is_spec")
     common = {"K": K, "V": V, "WIN": win, "WIN_PAD": next_pow2(win),
               "LAYOUT_KV": layout == "KV", "L2NORM": bool(use_qk_l2norm), "ALIGN": align,
@@ -359,14 +358,14 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
                ("v_stride_t", v.strides[0]), ("v_stride_h", v.strides[1]),
                ("gate_stride", gate_a.strides[0]))
     if algorithm == "chunked":
-        return _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates,
-                             common, fused)
+        return chunked.plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal,
+                                    row_ids, gates, common, fused)
     bv = min(BV, next_pow2(V))
     return LaunchPlan(
         kernel=gated_delta_rule_fused_gates_kernel if fused else gated_delta_rule_kernel,
         grid=(max(1, rows * HV * cdiv(V, bv)),),
         inputs=("pool", "errors", "q", "k", "v") + gates + row_ids,
-        scalars=(("num_tokens", T),) + strides + pool_scal,
+        scalars=(("num_tokens", T),) + strides + pool_scal + (scale_scal,),
         outputs=("o", "pool", "errors"),
         out_specs={"o": Output((T, HV, V), q.dtype)},
         constexprs=dict(common, BK=next_pow2(K), BV=bv, V_ALIGN=io_align(v, v.strides[:2]),
@@ -374,61 +373,6 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids
-    )
-
-
-def _plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, row_ids, gates, common,
-                  fused) -> LaunchPlan:
-    """``algorithm="chunked"``: step 1 (:mod:`.gdn_chunked`, its solve for every chunk at
-    once) as the plan's ``before`` stage, writing the fp32 scratch arrays step 2 reads."""
-    chunk = chunked.CHUNK
-    scale = next(s for s in pool_scal if s[0] == "scale")  # (step 1 scales q)
-    bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
-    # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
-    # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are
-    # symbolic (torch.compile's fake, which launches nothing) take the cap: deriving the
-    # count from them would pin them, a recompile for every prefill length
-    if isinstance(T, int) and isinstance(rows, int):
-        split = min(chunked.MAX_SPLIT, next_pow2(max(1, cdiv(cdiv(T, chunk), max(1, rows)))))
-    else:
-        split = chunked.MAX_SPLIT
-    prepare = LaunchPlan(
-        kernel=(chunked.gdn_chunk_prepare_fused_gates_kernel if fused
-                else chunked.gdn_chunk_prepare_kernel),
-        grid=(max(1, rows * HV * split),),
-        inputs=("q", "k", "v") + gates + ("cu_seqlens",),
-        scalars=(("num_tokens", T),) + strides + (scale,),
-        outputs=SCRATCH,
-        out_specs={"chunk_g": Output((T, HV), "float32"),
-                   "chunk_w": Output((T, HV, K), "float32"),
-                   "chunk_u": Output((T, HV, V), "float32"),
-                   "chunk_q": Output((T, HV, K), "float32"),
-                   "chunk_k": Output((T, HV, K), "float32"),
-                   "chunk_a": Output((T, HV, chunk), "float32")},
-        constexprs={"K": K, "V": V, "BK": bk, "BVF": max(16, next_pow2(V)),
-                    "L2NORM": common["L2NORM"], "QK_ALIGN": common["QK_ALIGN"],
-                    "V_ALIGN": io_align(v, v.strides[:2]), "HV": HV, "GROUP": HV // H,
-                    "CHUNK": chunk, "SPLIT": split},
-        num_warps=chunked.PREPARE_WARPS,
-        skip=rows == 0,
-    )
-    bv = max(16, min(chunked.BV, next_pow2(V)))
-    programs = max(1, rows * HV * cdiv(V, bv))
-    # (a symbolic grid, torch.compile's fake, takes the many-programs count unpinned)
-    few = isinstance(programs, int) and programs <= chunked.ONE_WAVE
-    unscaled = tuple(s for s in pool_scal if s[0] != "scale")  # (step 1 took the scale)
-    return LaunchPlan(
-        kernel=chunked.gated_delta_rule_chunked_kernel,
-        grid=(programs,),
-        inputs=("pool", "errors", "k") + row_ids + SCRATCH,
-        scalars=(("num_tokens", T),) + strides[:2] + unscaled,
-        outputs=("o", "pool", "errors"),
-        out_specs={"o": Output((T, HV, V), q.dtype)},
-        constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
-        num_warps=chunked.FEW_PROGRAMS_WARPS if few else chunked.NUM_WARPS,
-        aliases={"pool": "pool", "errors": "errors"},
-        skip=rows == 0,
-        before=(prepare,),
     )
 
 

@@ -42,6 +42,7 @@ import triton
 import triton.language as tl
 
 from .jit import same_binary_jit
+from .plan import LaunchPlan, Output, cdiv, io_align, next_pow2
 from .recurrent import chunk_advance, chunk_decays, chunk_dot, clear_faulty_row, decay_gates, \
     head_offset, head_program, recurrent_fault, recurrent_row, store_final_state
 from .rows import aligned_base, flag_row, range_fault
@@ -58,6 +59,8 @@ ONE_WAVE = 132  # the SMs of an H100 / H200
 PREPARE_WARPS = 4  # step 1
 #: step 1's programs per (row, value head) at most; each takes every SPLIT-th chunk
 MAX_SPLIT = 64
+#: the fp32 scratch step 1 writes and step 2 reads
+SCRATCH = ("chunk_g", "chunk_w", "chunk_u", "chunk_q", "chunk_k", "chunk_a")
 
 
 @triton.jit
@@ -305,3 +308,58 @@ def gated_delta_rule_chunked_kernel(
             g, w, u0, qg, kd, a = g_nx, w_nx, u0_nx, qg_nx, kd_nx, a_nx
         store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
                           ALIGN)
+
+
+def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row_ids, gates,
+                 common, fused) -> LaunchPlan:
+    """:func:`.gdn.plan_gated_delta_rule`'s plan for ``algorithm="chunked"`` from the
+    checks and pieces it derived there (``pool_scal`` without the scale, ``scale_scal``):
+    step 1 (its solve for every chunk at once) as the plan's ``before`` stage, writing the
+    fp32 scratch arrays step 2 reads."""
+    chunk = CHUNK
+    bk = max(16, next_pow2(K))  # tl.dot needs 16 rows and columns at least
+    # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
+    # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are
+    # symbolic (torch.compile's fake, which launches nothing) take the cap: deriving the
+    # count from them would pin them, a recompile for every prefill length
+    if isinstance(T, int) and isinstance(rows, int):
+        split = min(MAX_SPLIT, next_pow2(max(1, cdiv(cdiv(T, chunk), max(1, rows)))))
+    else:
+        split = MAX_SPLIT
+    prepare = LaunchPlan(
+        kernel=(gdn_chunk_prepare_fused_gates_kernel if fused
+                else gdn_chunk_prepare_kernel),
+        grid=(max(1, rows * HV * split),),
+        inputs=("q", "k", "v") + gates + ("cu_seqlens",),
+        scalars=(("num_tokens", T),) + strides + (scale_scal,),  # (step 1 scales q)
+        outputs=SCRATCH,
+        out_specs={"chunk_g": Output((T, HV), "float32"),
+                   "chunk_w": Output((T, HV, K), "float32"),
+                   "chunk_u": Output((T, HV, V), "float32"),
+                   "chunk_q": Output((T, HV, K), "float32"),
+                   "chunk_k": Output((T, HV, K), "float32"),
+                   "chunk_a": Output((T, HV, chunk), "float32")},
+        constexprs={"K": K, "V": V, "BK": bk, "BVF": max(16, next_pow2(V)),
+                    "L2NORM": common["L2NORM"], "QK_ALIGN": common["QK_ALIGN"],
+                    "V_ALIGN": io_align(v, v.strides[:2]), "HV": HV, "GROUP": HV // H,
+                    "CHUNK": chunk, "SPLIT": split},
+        num_warps=PREPARE_WARPS,
+        skip=rows == 0,
+    )
+    bv = max(16, min(BV, next_pow2(V)))
+    programs = max(1, rows * HV * cdiv(V, bv))
+    # (a symbolic grid, torch.compile's fake, takes the many-programs count unpinned)
+    few = isinstance(programs, int) and programs <= ONE_WAVE
+    return LaunchPlan(
+        kernel=gated_delta_rule_chunked_kernel,
+        grid=(programs,),
+        inputs=("pool", "errors", "k") + row_ids + SCRATCH,
+        scalars=(("num_tokens", T),) + strides[:2] + pool_scal,
+        outputs=("o", "pool", "errors"),
+        out_specs={"o": Output((T, HV, V), q.dtype)},
+        constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
+        num_warps=FEW_PROGRAMS_WARPS if few else NUM_WARPS,
+        aliases={"pool": "pool", "errors": "errors"},
+        skip=rows == 0,
+        before=(prepare,),
+    )
