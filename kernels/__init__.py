@@ -50,8 +50,17 @@ OPS = (ADD_REQUESTS, PREPROCESS_RESOLVE, POSTPROCESS, COPY_TEMPORAL, COPY_CONV, 
        GATED_DELTA_RULE, GATED_DELTA_RULE_FUSED_GATES, SELECTIVE_STATE_UPDATE, LINEAR, RMS_NORM,
        RMS_NORM_GATED, SILU_MUL)
 
+
+def clear_plan_caches() -> None:
+    """Forget every op's cached plans: for code that changes a kernel module's tuning
+    constant (a benchmark variant, a test) and must not reuse plans built before it."""
+    for op in OPS:
+        if hasattr(op.plan, "cache_clear"):
+            op.plan.cache_clear()
+
+
 __all__ = [
-    "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS",
+    "ArraySpec", "LaunchPlan", "Op", "Output", "Static", "OPS", "clear_plan_caches",
     "check_array", "check_pool", "check_step_scalars", "pool_scalars", "table_scalars",
     "ADD_REQUESTS", "PREPROCESS_RESOLVE", "POSTPROCESS", "COPY_TEMPORAL", "COPY_CONV",
     "CONV1D_UPDATE", "plan_conv1d_update", "GATED_DELTA_RULE", "GATED_DELTA_RULE_FUSED_GATES",

@@ -338,24 +338,19 @@ def test_either_warp_count_gives_the_same_bits(device_backend, monkeypatch, H, H
     # step 2's warps follow its grid, so a row alone and in a large batch run different
     # binaries; its bits must not depend on the batch (docs/semantics.md §4): CU's rows
     # (ragged, spec, one-token, empty) once on each warp count
-    from mamba_align.kernels import OPS, gdn_chunked
-
-    def clear():
-        for op in OPS:
-            if hasattr(op.plan, "cache_clear"):
-                op.plan.cache_clear()
+    from mamba_align.kernels import clear_plan_caches, gdn_chunked
     rng = np.random.default_rng(11)
     pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, layout=layout)
     got, warps = [], []
     try:
         for one_wave in (10 ** 9, 0):
             monkeypatch.setattr(gdn_chunked, "ONE_WAVE", one_wave)
-            clear()
+            clear_plan_caches()
             warps.append(chunked_plan(int(CU[-1]), len(RB), H, HV, K, V, layout).num_warps)
             got.append(run(device_backend, pool, q, k, v, gates, layer=1, layout=layout))
     finally:
         monkeypatch.undo()
-        clear()
+        clear_plan_caches()
     assert warps == [gdn_chunked.FEW_PROGRAMS_WARPS, gdn_chunked.NUM_WARPS]
     assert got[0][2].tolist() == got[1][2].tolist() == new_errors().tolist()
     np.testing.assert_array_equal(got[0][0], got[1][0])
