@@ -138,7 +138,9 @@ def chunk_advance(s, G, decay, a, b, c, n, jw, wb, spec, pool_ptr, head, block_s
 @triton.jit
 def store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
                       ALIGN: tl.constexpr):
-    """A chunked kernel's non-spec row with tokens: its final state ``s`` to write block 0."""
+    """A chunked kernel's row with tokens: its final state ``s`` to write block 0 when
+    ``spec`` is false (a non-spec row, or a spec row in a launch with one write block a row,
+    whose one token's state is the final one)."""
     if ~spec & (n > 0):
         w0 = candidate_block(jw, wb, spec, 0)
         tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
