@@ -271,8 +271,8 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     token per row on average) whose taps load as packed words and whose window is 2-byte
     (``packed_taps``, the case measured: four channels a lane, 8-byte window accesses);
     half of ``MAX_TILE_D`` in a smaller batch (lower latency where the GPU is not full)
-    and in a DS decode batch (a one-token row's window is three strided 2-byte reads and
-    three writes per channel there, and more, shorter programs keep more of them in
+    and in a DS decode batch (a one-token row's window is two or three strided reads and
+    as many writes per channel there, and more, shorter programs keep more of them in
     flight); :data:`DECODE_TILE_DS_WORDS` in a decode batch whose DS windows move as words
     (``words``, :func:`ds_words`: four channels a lane), at any batch (ahead of the
     small-batch rule: 128-512 channels measured within 0.04 µs at B = 1 and 16,
@@ -304,11 +304,12 @@ def ds_words(layout: str, ksize: int, width: int, dim: int, packed_taps: bool,
 def ds_pairs(layout: str, ksize: int, width: int, pool: ArraySpec, align: int) -> bool:
     """Whether a one-token row's window moves as two aligned 4-byte words a channel
     (kernels/conv1d_one_token.py, ``_window_pairs``): a DS pool of a 2-byte dtype with an
-    even number of columns, at least 4 (a model with drafts; 3 columns take
-    :func:`ds_words`), blocks on 4-byte boundaries (``align`` elements), ``K = 4``. The
-    three history fields from offset ``off`` lie in the channel's words ``off // 2`` and
-    ``off // 2 + 1``, inside its window for every valid offset (``off <= W - 3``); the new
-    window's first two fields are one word."""
+    even number of columns, at least 4 (a model with drafts; 3 columns may take
+    :func:`ds_words`), layers and blocks on 4-byte boundaries (``align`` elements; the
+    launchers hand the pool over 16-byte aligned), ``K = 4``. The three history fields
+    from offset ``off`` lie in the channel's words ``off // 2`` and ``off // 2 + 1``,
+    inside its window for every valid offset (``off <= W - 3``); the new window's first
+    two fields are one word."""
     return (layout == "DS" and ksize == 4 and width % 2 == 0 and width >= 4
             and dtype_bits(pool.dtype) == 16 and align % 2 == 0)
 

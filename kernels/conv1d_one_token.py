@@ -83,7 +83,8 @@ def _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens, x_s
     hm = dm & has_hist
     pos = tl.where(has_hist, off, 0).to(tl.int32)
     rp = pool_ptr + rbase
-    if DS_PAIRS:  # (K = 4)
+    if DS_PAIRS:
+        tl.static_assert(K == 4)
         h0, h1, h2 = _window_pairs(rp, pos, d, hm, WIDTH)
     else:
         h0 = _stream_in(rp, pos, d, hm, WIDTH, DIM, LAYOUT_DS)
@@ -156,7 +157,8 @@ def _one_token_window(out, h1, h2, xv, mask, d, K: tl.constexpr, WIDTH: tl.const
     copy of the history rows it loaded, and its token (with ``DS_PAIRS``, the first two
     fields as one aligned 4-byte word)."""
     dt = out.dtype.element_ty
-    if DS_PAIRS:  # (K = 4)
+    if DS_PAIRS:
+        tl.static_assert(K == 4)
         tl.store((out + d * WIDTH).to(tl.pointer_type(tl.uint32), bitcast=True),
                  _bits(h1) | (_bits(h2) << 16), mask=mask, cache_modifier=".cs")
         _stream_out(out, 2, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
@@ -179,8 +181,9 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
                UNBRANCHED: tl.constexpr, DS_PAIRS: tl.constexpr):
     """A row of one token (``K <= 4``): each input loaded once and held, the output summed
     as the tiled path sums it, and the new window stored from registers. A lane stores
-    only the channels it loaded, after loading them (a data dependence), so the window may
-    be rewritten in place without a barrier.
+    only the channels it loaded, after loading them (in program order: one thread's
+    accesses to an address stay in order), so the window may be rewritten in place without
+    a barrier.
 
     With ``UNBRANCHED`` (a small decode batch, where the time is latency) every program
     runs it, with no branch: ``one`` says whether the row has one token, and the stores

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from support import make_backend
 
-from mamba_align.core import Fault
+from mamba_align.core import Fault, new_errors
 from mamba_align.kernels import conv1d as kconv
 
-L, NB, K = 2, 16, 4
+L, NB, K = 2, 18, 4
 BF, F16 = ml_dtypes.bfloat16, np.float16
 
 
@@ -40,15 +40,16 @@ def test_only_2_byte_ds_windows_of_an_even_width_from_4_move_as_pairs():
         assert not constexprs(**other)["DS_PAIRS"], other
 
 
-def rows_case(rng, width, D, dtype, pad):
-    """One-token rows at every read offset ``0 .. W - 3`` (in place or into another block),
+def rows_case(rng, width, D, dtype, pad, flip=0):
+    """One-token rows at every read offset ``0 .. W - 3`` (in place at the offsets of
+    parity ``flip``, into another block at the others),
     a row without history, one without a write block, a faulty one (an offset past
     ``W - 3``) and a 2-token spec row (the tiled path); then ``pad`` rows without tokens
     (the small-batch, small decode batch and large-batch forms). No row writes a block
     another row reads."""
     n = width - 2
     rb = [1 + i for i in range(n)] + [-1, 7, 8, 10]
-    wb = [1 + i if i % 2 == 0 else 10 + i for i in range(n)] + [0, -1, 9, 10]
+    wb = [1 + i if i % 2 == flip else 11 + i for i in range(n)] + [0, -1, 9, 10]
     off = list(range(n)) + [0, width - 3, width - 2, 1]
     spec = [0] * (n + 3) + [1]
     cu = np.concatenate([np.arange(n + 4), [n + 5] * (pad + 1)])
@@ -62,12 +63,12 @@ def rows_case(rng, width, D, dtype, pad):
 
 
 @pytest.mark.parametrize("width", [4, 6, 8])
-@pytest.mark.parametrize("dtype", [BF, F16])
+@pytest.mark.parametrize("dtype,flip", [(BF, 0), (BF, 1), (F16, 1)])
 @pytest.mark.parametrize("pad", [0, 2, kconv.LATENCY_BELOW])
-def test_pairs_match_the_reference(backend, width, dtype, pad):
+def test_pairs_match_the_reference(backend, width, dtype, flip, pad):
     rng = np.random.default_rng(width * 10 + pad)
     D = 300  # two programs of the DS decode tile, the last one part full
-    args = rows_case(rng, width, D, dtype, pad)
+    args = rows_case(rng, width, D, dtype, pad, flip)
     n = width - 2
     c = constexprs(width, D, len(args[5]), len(args[1]), np.dtype(dtype).name)
     assert c["DS_PAIRS"] and c["LATENCY"] == (len(args[5]) < kconv.LATENCY_BELOW)
@@ -109,3 +110,31 @@ def test_torch_and_jax_give_the_same_bits():
         make_backend(b).conv1d_update(*args, layer=1, layout="DS") for b in ("torch", "jax"))
     assert ty.tobytes() == jy.tobytes() and tout.tobytes() == jout.tobytes()
     assert terr.tolist() == jerr.tolist()
+
+
+def test_pairs_in_padded_blocks_leave_the_padding_alone():
+    # blocks inside a larger allocation (block stride W D + 2: still on 4-byte boundaries)
+    from support import Torch
+    tb = Torch()
+    torch, width, D = tb.torch, 6, 300
+    args = rows_case(np.random.default_rng(8), width, D, BF, 2, flip=1)
+    base = np.full((L, NB, D * width + 2), 7.0, BF)
+    base[:, :, :D * width] = args[0].reshape(L, NB, -1)
+    whole = tb.pool(base)
+    pool = whole[:, :, :D * width].unflatten(-1, (D, width))
+    spec = tb.ops.spec("pool", pool)
+    assert spec.strides[1] == D * width + 2
+    assert kconv.ds_pairs("DS", K, width, spec,
+                          kconv.pool_align(kconv.pool_scalars(spec, "DS"), "DS"))
+    _, x, w, cb, cu, rb, off, wb, spec = args
+    err = torch.from_numpy(new_errors()).to(tb.device)
+    y = tb.ops.conv1d_update_(pool, err, tb.pool(x), tb.pool(w), tb.pool(cb), tb.ids(cu),
+                              tb.ids(rb), tb.ids(off), tb.ids(wb), tb.flags(spec), layer=1,
+                              layout="DS")["y"]
+    ry, rout, rerr = make_backend("reference").conv1d_update(*args, layer=1, layout="DS")
+    assert err.tolist() == rerr.tolist() == [int(Fault.BAD_OFFSET), width]
+    got = whole.cpu().view(torch.int16).numpy()
+    np.testing.assert_array_equal(got[:, :, :D * width], rout.view(np.int16).reshape(L, NB, -1))
+    np.testing.assert_array_equal(got[:, :, D * width:], base[:, :, D * width:].view(np.int16))
+    np.testing.assert_allclose(tb.host(y).astype(np.float64), ry.astype(np.float64),
+                               rtol=2e-2, atol=2e-2)
