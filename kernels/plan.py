@@ -329,12 +329,16 @@ def next_pow2(n: int) -> int:
 
 
 def check_step_scalars(block_size: int, num_spec: int = 0, num_blocks: int = 1) -> None:
-    """``block_size >= 1``, ``num_spec >= 0`` and ``num_blocks >= 1``: static, so checked
-    on the host."""
+    """``block_size >= 1``, ``0 <= num_spec <= block_size - 1`` and ``num_blocks >= 1``:
+    static, so checked on the host (a larger ``num_spec`` could advance a row two columns
+    in one step, docs/semantics.md §1)."""
     for name, v, low in (("block_size", block_size, 1), ("num_spec", num_spec, 0),
                          ("num_blocks", num_blocks, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+    if num_spec > block_size - 1:
+        raise ValueError(f"num_spec must be <= block_size - 1 = {block_size - 1}, got "
+                         f"{num_spec}: a step could then advance a row two columns")
 
 
 def table_scalars(block_table: ArraySpec, num_slots: int) -> Tuple[Tuple[str, int], ...]:

@@ -132,7 +132,7 @@ def test_plans_are_read_only_and_options_are_typed():
         plan.constexprs["BLOCK"] = 1  # cached and shared: not writable
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.grid = (1,)
-    assert dict(sample_plan(K.POSTPROCESS, block_size=1).scalars)["block_size"] == 1
+    assert dict(sample_plan(K.POSTPROCESS, block_size=1, num_spec=0).scalars)["block_size"] == 1
     for bad in (True, 1.0, "1"):  # the cache must not answer for a value that would fail
         with pytest.raises(TypeError, match="block_size must be int"):
             K.POSTPROCESS.static_values({"block_size": bad})
@@ -151,6 +151,17 @@ def test_plans_are_read_only_and_options_are_typed():
             K.POSTPROCESS.static_values({"block_size": bad})
     spec = K.ArraySpec([3], "int64", [1])  # lists become tuples: hashable
     assert spec == IDS and hash(spec) == hash(IDS)
+
+
+@pytest.mark.parametrize("op", [K.POSTPROCESS, K.PREPROCESS_RESOLVE])
+def test_more_drafts_than_a_block_less_one_are_refused(op):
+    # S <= B - 1 (docs/semantics.md §1): with S = B a step could advance a row two columns,
+    # and the raw ops had flagged a valid step as inconsistent instead of refusing S
+    assert sample_plan(op, block_size=4, num_spec=3) is not None
+    with pytest.raises(ValueError, match=r"num_spec must be <= block_size - 1 = 3, got 4"):
+        sample_plan(op, block_size=4, num_spec=4)
+    with pytest.raises(ValueError, match=r"num_spec must be <= block_size - 1 = 0, got 1"):
+        sample_plan(op, block_size=1, num_spec=1)
 
 
 def test_a_before_stage_writes_only_its_own_scratch():
