@@ -207,14 +207,19 @@ ROW = "int64"  # per-row outputs (JAX without x64 stores them as int32)
 
 
 def slot_arrays(state_idx: ArraySpec, acc: ArraySpec, num_computed: ArraySpec) -> int:
-    """Checks the per-slot bookkeeping (int ``[num_slots]`` each, ``num_slots < 2**31``:
-    the duplicate check compares slots in 32 bits); returns ``num_slots``."""
+    """Checks the per-slot bookkeeping (int ``[num_slots]`` each, of one dtype: the counts'
+    bounds, ``index_max``, are that dtype's, so a narrower ``state_idx`` could wrap;
+    ``num_slots < 2**31``: the duplicate check compares slots in 32 bits); returns
+    ``num_slots``."""
     check_array("state_idx", state_idx, (None,))
     n = state_idx.shape[0]
     if isinstance(n, int) and n >= 2**31:
         raise ValueError(f"state_idx must have fewer than 2**31 slots, got {n}")
     check_array("acc", acc, (n,))
     check_array("num_computed", num_computed, (n,))
+    if not state_idx.dtype == acc.dtype == num_computed.dtype:
+        raise TypeError(f"state_idx, acc and num_computed must share one dtype, got "
+                        f"{state_idx.dtype}, {acc.dtype} and {num_computed.dtype}")
     return n
 
 

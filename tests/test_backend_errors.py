@@ -109,6 +109,19 @@ def test_op_argument_errors_are_the_same_in_both_backends(a, name, make, exc, ma
     assert all(np.array_equal(x, y) for x, y in zip(before, after))  # nothing written
 
 
+@pytest.mark.parametrize("narrow", ["state_idx", "acc", "num_computed"])
+def test_slot_arrays_of_two_dtypes_are_refused(narrow):
+    # the counts' bounds are the slot arrays' dtype's: an int32 state_idx beside int64 counts
+    # had taken 2**33 tokens and stored a wrapped column (JAX, without x64, has int32 only)
+    a = Args("torch")
+    slots = dict(zip(("state_idx", "acc", "num_computed"), slots4(a)[:3]))
+    slots[narrow] = slots[narrow].to(torch.int32)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        tops.add_requests_(*slots.values(), a.err(), a.ids(0), a.ids(2**33 + 5), block_size=4)
+    with pytest.raises(TypeError, match="must share one dtype"):
+        tops.preprocess_resolve_(*step(a, **slots)[0], **step(a)[1])
+
+
 def test_argument_errors_name_the_function_called(a):
     # torch's in-place functions end in an underscore: the message names the one called
     fn = "copy_conv_" if a.name == "torch" else "copy_conv"
