@@ -15,7 +15,6 @@ padding rows change nothing.
 from __future__ import annotations
 
 import functools
-import struct
 from typing import Optional
 
 import triton
@@ -23,7 +22,7 @@ import triton.language as tl
 
 from .jit import same_binary_jit
 from .plan import (FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv, check_array,
-                   next_pow2)
+                   fp32_value, next_pow2)
 
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 32  # projection tiles: fixed (batch invariance)
 MAX_NORM_DIM = 8192  # a norm's row is one tile
@@ -156,14 +155,6 @@ def plan_linear(x: ArraySpec, weight: ArraySpec) -> LaunchPlan:
     )
 
 
-def _fp32(v: float) -> float:
-    """``v`` rounded to fp32 (what the kernel receives); inf when out of its range."""
-    try:
-        return struct.unpack("f", struct.pack("f", v))[0]
-    except OverflowError:
-        return float("inf")
-
-
 def _plan_norm(x: ArraySpec, z: Optional[ArraySpec], weight: ArraySpec, eps: float,
                gated: bool) -> LaunchPlan:
     """The plan of :data:`RMS_NORM` (``z`` None) or :data:`RMS_NORM_GATED`."""
@@ -174,7 +165,7 @@ def _plan_norm(x: ArraySpec, z: Optional[ArraySpec], weight: ArraySpec, eps: flo
     if gated:
         check_array("z", z, (M, D), FLOAT_DTYPES)
     check_array("weight", weight, (D,), FLOAT_DTYPES)
-    if isinstance(eps, bool) or not isinstance(eps, float) or not 0 < _fp32(eps) < float("inf"):
+    if isinstance(eps, bool) or not isinstance(eps, float) or not 0 < fp32_value(eps) < float("inf"):
         raise ValueError(f"eps must be a float > 0 that fp32 holds, got {eps!r}")
     scalars = ((("dim", D), ("x_stride", x.strides[0]))
                + ((("z_stride", z.strides[0]),) if gated else ()) + (("eps", eps),))

@@ -24,8 +24,8 @@ from . import gdn_chunked as chunked
 from .bookkeeping import check_errors
 from .jit import same_binary_jit
 from .plan import (FLAG_DTYPES, FLOAT_DTYPES, ArraySpec, LaunchPlan, Op, Output, Static, cdiv,
-                   check_array, check_layer, check_pool, check_seqlens, io_align, largest_align,
-                   next_pow2, pool_scalars)
+                   check_array, check_layer, check_pool, check_seqlens, fp32_value, io_align,
+                   largest_align, next_pow2, pool_scalars)
 from .recurrent import (STATES, candidate_block, clear_faulty_row, decay_gates, head_offset,
                         head_program, recurrent_fault, recurrent_row)
 from .rows import aligned_base, flag_row
@@ -340,8 +340,9 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     if win < 1:
         raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
     if (isinstance(scale, bool) or not isinstance(scale, (int, float))
-            or not 0 <= scale < float("inf")):
-        raise ValueError(f"scale must be a finite float >= 0 (0: K^-1/2), got {scale!r}")
+            or not 0 <= fp32_value(scale) < float("inf")):
+        raise ValueError(f"scale must be a float >= 0 that fp32 holds (0: K^-1/2), got "
+                         f"{scale!r}")
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)
     align = largest_align((scal["layer_stride"], scal["block_stride"], pool.strides[2]), 16)
     pool_scal = (("wb_stride", write_blocks.strides[0]),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import re
+import struct
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
@@ -326,6 +327,15 @@ def cdiv(a: int, b: int) -> int:
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def fp32_value(v: float) -> float:
+    """``v`` rounded to fp32 (what a kernel receives for a float scalar); inf when out of
+    its range."""
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return float("inf")
 
 
 def check_step_scalars(block_size: int, num_spec: int = 0, num_blocks: int = 1) -> None:
