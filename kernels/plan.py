@@ -231,6 +231,9 @@ class Op:
         the function ``name``, default: the op's)."""
         name = name or self.name
         unknown = set(given) - {s.name for s in self.statics}
+        if unknown & set(self.arrays):  # (every array given by position as well)
+            raise TypeError(f"{name}() got multiple values for "
+                            f"{', '.join(sorted(unknown & set(self.arrays)))}")
         if unknown:
             raise TypeError(f"{name}() got unexpected options {sorted(unknown)}")
         out = {}

@@ -122,6 +122,13 @@ def test_slot_arrays_of_two_dtypes_are_refused(narrow):
         tops.preprocess_resolve_(*step(a, **slots)[0], **step(a)[1])
 
 
+def test_an_array_given_twice_is_named(a):
+    # every array by position and one again by keyword: "multiple values", as Python says
+    args = (a.f32(2, 6, 3, 4), a.err(), a.ids(1), a.ids(2))
+    with pytest.raises(TypeError, match="got multiple values for src"):
+        a.op("copy_temporal")(*args, src=a.ids(1))
+
+
 def test_argument_errors_name_the_function_called(a):
     # torch's in-place functions end in an underscore: the message names the one called
     fn = "copy_conv_" if a.name == "torch" else "copy_conv"
