@@ -1,7 +1,7 @@
 """What the JAX launcher does with arrays JAX itself would change (backends/jax/ops.py and
 bridge.py): values narrowed without x64 (refused or saturated, never wrapped onto a valid
-id), float64 data, arrays on several devices, static checks under ``jax.jit``, and
-gradients (refused, as torch's backward raises)."""
+id), float64 data, arrays on several devices, static checks under ``jax.jit``, gradients
+(refused, as torch's backward raises) and ``jax.vmap`` on the CPU."""
 
 import jax
 import jax.numpy as jnp
@@ -180,6 +180,22 @@ def test_jax_gradients_through_the_ops_raise():
     g = jax.grad(lambda p: (p + mj.ops.copy_temporal(jax.lax.stop_gradient(p), err, src,
                                                      dst)["pool"]).sum())(pool)
     assert np.asarray(g).tolist() == np.ones((1, 4, 2, 2)).tolist()
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu",
+                    reason="CPU only (README): jax-triton has no batching rule on the GPU")
+def test_jax_vmap_over_an_op_is_a_loop_of_calls():
+    # the README's claim: on the CPU, vmap over an op gives each element's own call
+    rng = np.random.default_rng(3)
+    pools = jnp.asarray(rng.normal(size=(3, 1, 4, 2, 2)).astype(np.float32))
+    src = jnp.array([[1], [2], [-1]], jnp.int32)
+    dst = jnp.array([[2], [0], [3]], jnp.int32)
+    err = Args("jax").err()
+    got = jax.vmap(lambda p, s, d: mj.ops.copy_temporal(p, err, s, d)["pool"])(pools, src, dst)
+    for i in range(3):
+        one = mj.ops.copy_temporal(pools[i], err, src[i], dst[i])["pool"]
+        assert np.asarray(got[i]).tobytes() == np.asarray(one).tobytes()
+    assert not np.array_equal(np.asarray(got[0]), np.asarray(pools[0]))  # a copy happened
 
 
 def test_the_public_ops_carry_type_hints_and_name_what_they_return():
