@@ -308,7 +308,8 @@ ADD_REQUESTS = Op(
     ``state_idx = (num_computed - 1) // B``, ``acc = 1``: the caller states that the state
     after ``num_computed_new`` tokens is in that column's block (unchecked; after a fault,
     re-admit at 0 or at a cached boundary, docs/semantics.md §1). The per-slot arrays
-    (int32/int64 ``[num_slots]``, ``num_slots < 2**31``) are updated in place. Faults: a
+    (int32 or int64, one dtype, ``[num_slots]``, ``num_slots < 2**31``) are updated in
+    place. Faults: a
     slot outside ``[-1, num_slots)``, a slot named twice, ``num_computed_new`` negative or
     past the index dtype.""" + FAULT_DOC,
 )
@@ -323,8 +324,9 @@ POSTPROCESS = Op(
     returns=("cache_col", "copy_tsrc", "copy_csrc", "copy_dst", "copy_bias"),
     skipped={"cache_col": -1, "copy_tsrc": -1, "copy_csrc": -1, "copy_dst": -1, "copy_bias": 0},
     doc="""Steps 5-7 of docs/semantics.md §2 on the device: accept ``num_sampled`` (int
-    ``[rows]``), then the boundary decision. ``acc`` / ``num_computed`` (int32/int64
-    ``[num_slots]``, ``num_slots < 2**31``) are updated in place; returns per-row
+    ``[rows]``), then the boundary decision (``num_spec <= block_size - 1``). ``acc`` /
+    ``num_computed`` (the per-slot arrays: int32 or int64, one dtype, ``[num_slots]``,
+    ``num_slots < 2**31``) are updated in place; returns per-row
     ``cache_col`` (the column whose block may enter the prefix cache, -1 if none) and the
     post-process copy plan ``copy_tsrc``, ``copy_csrc``, ``copy_dst``,
     ``copy_bias`` (int64 ``[rows]``; int32 in JAX without x64). ``num_blocks``: the blocks

@@ -340,7 +340,8 @@ def _plan_gdn(pool, errors, q, k, v, gate_a, gate_b, A_log, dt_bias, cu_seqlens,
     if win < 1:
         raise ValueError("write_blocks must have 1 + num_spec >= 1 columns")
     if (isinstance(scale, bool) or not isinstance(scale, (int, float))
-            or not 0 <= fp32_value(scale) < float("inf")):
+            or not 0 <= fp32_value(scale) < float("inf")
+            or (scale > 0 and fp32_value(scale) == 0)):
         raise ValueError(f"scale must be a float >= 0 that fp32 holds (0: K^-1/2), got "
                          f"{scale!r}")
     # the state's alignment in elements, stated by the kernel (see same_binary_jit)

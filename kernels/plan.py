@@ -333,12 +333,12 @@ def next_pow2(n: int) -> int:
 
 
 def fp32_value(v: float) -> float:
-    """``v`` rounded to fp32 (what a kernel receives for a float scalar); inf when out of
-    its range."""
+    """``v`` (a number) rounded to fp32, what a kernel receives for a float scalar:
+    ``+-inf`` out of its range, 0 below its smallest value."""
     try:
-        return struct.unpack("f", struct.pack("f", v))[0]
-    except OverflowError:
-        return float("inf")
+        return struct.unpack("=f", struct.pack("=f", float(v)))[0]
+    except OverflowError:  # (an int too large for a float, or a float past fp32's range)
+        return float("inf") if v > 0 else float("-inf")
 
 
 def check_step_scalars(block_size: int, num_spec: int = 0, num_blocks: int = 1) -> None:

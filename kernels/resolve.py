@@ -200,8 +200,9 @@ PREPROCESS_RESOLVE = Op(
     mutates=("state_idx", "acc", "errors"),
     returns=PER_ROW,
     skipped={n: 0 if n.endswith("bias") else -1 for n in PER_ROW},
-    doc="""Step 1 of docs/semantics.md §2 and the resolution of §4, one launch. Updates
-    ``state_idx`` / ``acc`` (int32/int64 ``[num_slots]``, ``num_slots < 2**31``) in place
+    doc="""Step 1 of docs/semantics.md §2 and the resolution of §4, one launch
+    (``num_spec <= block_size - 1``). Updates ``state_idx`` / ``acc`` (the per-slot arrays:
+    int32 or int64, one dtype, ``[num_slots]``, ``num_slots < 2**31``) in place
     from ``idx_mapping``, ``query_len`` (int ``[rows]``), ``is_spec`` (bool/int ``[rows]``)
     and ``block_table`` (int ``[>= num_slots, max_cols]``); returns per row: ``src_col``,
     ``src_bias``, ``run_col``, the pre-copy plan ``copy_tsrc`` / ``copy_csrc`` / ``copy_dst`` /

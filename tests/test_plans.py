@@ -201,9 +201,10 @@ def test_slot_arrays_past_int32_are_refused(op):
 
 @pytest.mark.parametrize("op", [K.GATED_DELTA_RULE, K.GATED_DELTA_RULE_FUSED_GATES],
                          ids=lambda op: op.name)
-@pytest.mark.parametrize("scale", [-1.0, float("nan"), float("inf"), 1e39])
+@pytest.mark.parametrize("scale", [-1.0, float("nan"), float("inf"), 1e39, 1e-50, 10**400])
 def test_a_negative_or_non_finite_scale_is_refused(op, scale):
     # NaN fails every comparison: "scale < 0" let it through, and "0: K^-1/2" took it;
-    # 1e39 is finite in Python but inf in the fp32 the kernel receives
+    # 1e39 is finite in Python but inf in the fp32 the kernel receives, 1e-50 is 0 there
+    # (q times 0, not K^-1/2), and 10**400 is no float at all
     with pytest.raises(ValueError, match="scale must be a float >= 0 that fp32 holds"):
         sample_plan(op, scale=scale)
