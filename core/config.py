@@ -42,8 +42,10 @@ class ConvSpec:
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
-        positive_int("ConvSpec.kernel_size", self.kernel_size, minimum=2)
-        positive_int("ConvSpec.dim", self.dim)
+        # stored as Python ints (a NumPy integer is taken as its value: the ops' statics)
+        object.__setattr__(self, "kernel_size",
+                           positive_int("ConvSpec.kernel_size", self.kernel_size, minimum=2))
+        object.__setattr__(self, "dim", positive_int("ConvSpec.dim", self.dim))
         if self.layout not in LAYOUTS:
             raise ValueError(f"ConvSpec.layout must be one of {LAYOUTS}, got {self.layout!r}")
         _check_dtype("ConvSpec", self.dtype)
@@ -68,8 +70,8 @@ class TemporalSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.shape, tuple) or not self.shape:
             raise TypeError(f"TemporalSpec.shape must be a non-empty tuple, got {self.shape!r}")
-        for i, s in enumerate(self.shape):
-            positive_int(f"TemporalSpec.shape[{i}]", s)
+        object.__setattr__(self, "shape", tuple(positive_int(f"TemporalSpec.shape[{i}]", s)
+                                                for i, s in enumerate(self.shape)))
         _check_dtype("TemporalSpec", self.dtype)
 
     def block_shape(self, num_spec: int) -> Tuple[int, ...]:
@@ -94,9 +96,10 @@ class CacheConfig:
     states: Mapping[str, StateSpec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        positive_int("CacheConfig.block_size", self.block_size)
-        positive_int("CacheConfig.num_spec", self.num_spec, minimum=0)
-        positive_int("CacheConfig.num_layers", self.num_layers)
+        # stored as Python ints: a NumPy integer is taken as its value, as the ops take it
+        for name, minimum in (("block_size", 1), ("num_spec", 0), ("num_layers", 1)):
+            object.__setattr__(self, name, positive_int(f"CacheConfig.{name}",
+                                                        getattr(self, name), minimum))
         if self.num_spec > self.block_size - 1:
             raise ValueError(
                 f"CacheConfig.num_spec must be <= block_size - 1 = {self.block_size - 1}, "
@@ -122,6 +125,10 @@ class CacheConfig:
                       tuple(sorted(self.states.items()))))
             object.__setattr__(self, "_hash", h)
         return h
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # the cached hash stays behind: string hashes differ from process to process
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     def copy_kinds(self) -> Dict[str, str]:
         """How each pool is copied: ``"temporal"`` (whole block) or the conv layout

@@ -211,9 +211,11 @@ def shard(cfg: ModelConfig, w: Dict[str, np.ndarray], tp: int,
     sums: summed over the ranks (one all-reduce each per layer), they are the whole
     model's up to the order of that sum."""
     check_weights(cfg, w)
-    if tp < 1 or not 0 <= rank < tp or cfg.heads % tp or cfg.value_heads % tp or cfg.mlp % tp:
+    if tp < 1 or cfg.heads % tp or cfg.value_heads % tp or cfg.mlp % tp:
         raise ValueError(f"tp = {tp} must divide heads {cfg.heads}, value heads "
-                         f"{cfg.value_heads} and mlp {cfg.mlp}; rank {rank} must be in [0, tp)")
+                         f"{cfg.value_heads} and mlp {cfg.mlp}")
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank {rank} must be in [0, tp = {tp})")
     H, HV, K, V = cfg.heads, cfg.value_heads, cfg.head_k, cfg.head_v
     qk = np.arange(rank * H // tp * K, (rank + 1) * H // tp * K)
     heads = np.arange(rank * HV // tp, (rank + 1) * HV // tp)

@@ -52,11 +52,13 @@ class Progress:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--conversations", type=int, default=3, help="chats of two turns each")
-    ap.add_argument("--new-tokens", type=int, default=6)
+    ap.add_argument("--new-tokens", type=int, default=6, help="at least 1")
     ap.add_argument("--png", type=Path, default=Path("demo_tokens_saved.png"))
     ap.add_argument("--mixer", choices=("gdn", "mamba2"), default="gdn",
                     help="the recurrence: the gated delta rule or Mamba2's")
     args = ap.parse_args()
+    if args.new_tokens < 1 or args.conversations < 1:
+        ap.error("--new-tokens and --conversations must be at least 1")
 
     import jax
     from hybrid_jax import load_weights, new_pools as jax_pools, serving_step as jax_step

@@ -227,7 +227,8 @@ RMS_NORM = Op(
     name="rms_norm", arrays=("x", "weight"), statics=_EPS, plan=plan_rms_norm, mutates=(),
     returns=("y",),
     doc="RMSNorm of every row: ``y = x / sqrt(mean(x^2) + eps) * weight``; ``x [M, D]``, "
-        "``weight [D]`` (any float dtypes), ``y [M, D]`` in ``x``'s dtype, fp32 inside.\n",
+        "``weight [D]`` (fp32 / fp16 / bf16, each its own), ``y [M, D]`` in ``x``'s dtype, fp32 "
+        "inside.\n",
 )
 
 RMS_NORM_GATED = Op(

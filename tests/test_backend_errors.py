@@ -239,6 +239,33 @@ def test_a_pool_the_copies_cannot_take_raises_before_the_step_changes_anything(m
     assert runner.errors() == [] and not torch.equal(before[2], runner.num_computed)
 
 
+@pytest.mark.parametrize("mode", ["pre-copy", "copy-free"])
+def test_a_pool_that_requires_grad_is_refused_before_the_step_changes_anything(mode):
+    # the copies refuse such a pool, but they ran after the bookkeeping: a pre-copy step was
+    # left marked in flight, and a copy-free postprocess had accepted the tokens without
+    # their snapshot copy (the next step then read a stale block, with no error flagged)
+    pools, ids = pools_of("torch"), _ids
+    runner = StateRunner(CFG, 4, DEV, mode=mode)
+    runner.add_requests(ids(0), ids(5))
+    bt = torch.as_tensor(BT, device=DEV)
+    wants_grad = dict(pools, ssm=pools["ssm"].clone().requires_grad_())
+
+    def state():
+        return [t.clone() for t in (runner.state_idx, runner.acc, runner.num_computed)]
+    before = state()
+    with pytest.raises(RuntimeError, match=r"pools\['ssm'\] requires grad"):
+        runner.preprocess(wants_grad, ids(0), ids(2), ids(True), bt)
+    assert all(torch.equal(x, y) for x, y in zip(before, state()))
+    runner.preprocess(pools, ids(0), ids(2), ids(True), bt)
+    during = state()
+    with pytest.raises(RuntimeError, match="requires grad"):
+        runner.postprocess(wants_grad, ids(0), ids(2), ids(True), ids(2), bt)
+    assert all(torch.equal(x, y) for x, y in zip(during, state()))
+    with torch.no_grad():  # no gradient wanted: the pool serves
+        runner.postprocess(wants_grad, ids(0), ids(2), ids(True), ids(2), bt)
+    assert runner.errors() == []
+
+
 def test_the_runner_names_the_pool_the_copies_refuse():
     pools = pools_of("torch")
     bad, ids = _strided_ssm(pools), _ids
