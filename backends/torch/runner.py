@@ -117,7 +117,7 @@ class StateRunner:
             raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
         if pool.requires_grad and torch.is_grad_enabled():  # (the copies would refuse it
             # after the bookkeeping had run)
-            raise RuntimeError(f"{label} requires grad: the step's copies update it in place, "
+            raise RuntimeError(f"{label} requires grad: the step updates it in place, "
                                "which is not differentiable; pass a pool that does not "
                                "require grad, or step under torch.no_grad()")
         return tuple(pool.shape), ops.dtype_name(pool.dtype)
