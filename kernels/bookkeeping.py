@@ -309,9 +309,8 @@ ADD_REQUESTS = Op(
     after ``num_computed_new`` tokens is in that column's block (unchecked; after a fault,
     re-admit at 0 or at a cached boundary, docs/semantics.md §1). The per-slot arrays
     (int32 or int64, one dtype, ``[num_slots]``, ``num_slots < 2**31``) are updated in
-    place. Faults: a
-    slot outside ``[-1, num_slots)``, a slot named twice, ``num_computed_new`` negative or
-    past the index dtype.""" + FAULT_DOC,
+    place. Faults: a slot outside ``[-1, num_slots)``, a slot named twice,
+    ``num_computed_new`` negative or past the index dtype.""" + FAULT_DOC,
 )
 
 POSTPROCESS = Op(

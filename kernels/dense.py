@@ -165,7 +165,8 @@ def _plan_norm(x: ArraySpec, z: Optional[ArraySpec], weight: ArraySpec, eps: flo
     if gated:
         check_array("z", z, (M, D), FLOAT_DTYPES)
     check_array("weight", weight, (D,), FLOAT_DTYPES)
-    if isinstance(eps, bool) or not isinstance(eps, float) or not 0 < fp32_value(eps) < float("inf"):
+    if (isinstance(eps, bool) or not isinstance(eps, float)
+            or not 0 < fp32_value(eps) < float("inf")):
         raise ValueError(f"eps must be a float > 0 that fp32 holds, got {eps!r}")
     scalars = ((("dim", D), ("x_stride", x.strides[0]))
                + ((("z_stride", z.strides[0]),) if gated else ()) + (("eps", eps),))
