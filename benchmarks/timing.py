@@ -165,12 +165,7 @@ def parse_variant(text: str) -> Tuple[str, Dict[str, int]]:
 
 def _clear_plan_caches() -> None:
     from mamba_align import kernels as K  # after import_package
-    if hasattr(K, "clear_plan_caches"):
-        K.clear_plan_caches()
-    else:  # an older package (a .baseline) without it
-        for op in getattr(K, "OPS", ()):
-            if hasattr(op.plan, "cache_clear"):
-                op.plan.cache_clear()
+    K.clear_plan_caches()
 
 
 @contextlib.contextmanager

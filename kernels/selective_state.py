@@ -2,7 +2,7 @@
 §4, "Mamba2 selective state update"); the reference is
 :func:`mamba_align.core.selective_state_ref.selective_state_update_ref`.
 
-The gated delta rule's program (kernels/gdn.py) with another update: one program per
+The gated delta rule's program (kernels/gdn_recurrent.py) with another update: one program per
 (row, head, tile of ``BP`` head-dim rows), all on grid axis 0, holding its ``[BP, N]``
 slice of the state in fp32. It loads that slice of the row's initial state (zero without a
 read block) completely, then runs the row's tokens in order, storing ``y`` per token and

@@ -87,7 +87,7 @@ def test_conv_pool_with_a_layer_stride_beyond_2_31():
 
 def test_jax_compiles_the_gated_delta_rule_under_its_register_cap(tmp_path, monkeypatch):
     """jax-triton 0.3 takes no register cap; the bridge adds the kernel's own
-    (kernels/gdn.py), so that JAX compiles the binary torch compiles. jax-triton writes the
+    (kernels/gdn_recurrent.py), so that JAX compiles the binary torch compiles. jax-triton writes the
     PTX it compiles to its dump folder: the cap is there as ``.maxnreg``."""
     import jax_triton.triton_lib as lib
 

@@ -296,7 +296,7 @@ def test_inputs_as_unaligned_views_give_the_bits_of_contiguous_ones():
 
 
 def test_the_gated_delta_rule_compiles_under_its_register_cap(monkeypatch):
-    """torch's launcher passes the kernel's register cap (kernels/gdn.py): the binary it
+    """torch's launcher passes the kernel's register cap (kernels/gdn_recurrent.py): the binary it
     compiled uses no more registers than that, and spills none."""
     from mamba_align.kernels import gdn
 
