@@ -225,6 +225,16 @@ def public(op: K.Op):
 _CUSTOM: Dict[str, Any] = {}  # op name -> its custom op (dynamo cannot hash an Op key)
 
 
+def refuse_grad(t: Any, name: str, updater: str) -> None:
+    """Raise where ``t`` (updated in place by ``updater``) requires grad in grad mode: no
+    backward could see the update."""
+    if torch.is_grad_enabled() and getattr(t, "requires_grad", False):
+        raise RuntimeError(
+            f"{updater} updates {name} in place and {name} requires grad: that is not "
+            f"differentiable; pass a {name} that does not require grad, or call it under "
+            "torch.no_grad()")
+
+
 def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     """Run ``op``: through its custom op under ``torch.compile``, :func:`launch` otherwise."""
     # A launch's outputs carry no autograd history: where an input wants a gradient, the
@@ -232,11 +242,7 @@ def call(op: K.Op, arrays: Mapping[str, Tensor], statics: Mapping[str, Any]):
     # the input without its share of the gradient, as JAX raises
     grad = torch.is_grad_enabled()
     for n in op.mutates if grad else ():
-        if getattr(arrays.get(n), "requires_grad", False):  # no backward could see the update
-            raise RuntimeError(
-                f"{op.name}_ updates {n} in place and {n} requires grad: the op is not "
-                f"differentiable; pass a {n} that does not require grad, or call it under "
-                "torch.no_grad()")
+        refuse_grad(arrays.get(n), n, f"{op.name}_")
     compiling = torch.compiler.is_compiling()
     if compiling or (grad and any(getattr(a, "requires_grad", False) for a in arrays.values())):
         if not compiling and op.mutates:  # torch bumps what it updates before the launch's

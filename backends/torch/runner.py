@@ -115,11 +115,7 @@ class StateRunner:
             raise TypeError(f"{label} must be a torch.Tensor, got {type(pool).__name__}")
         if pool.device != self.device:
             raise ValueError(f"{label} is on {pool.device}, expected {self.device}")
-        if pool.requires_grad and torch.is_grad_enabled():  # (the copies would refuse it
-            # after the bookkeeping had run)
-            raise RuntimeError(f"{label} requires grad: the step updates it in place, "
-                               "which is not differentiable; pass a pool that does not "
-                               "require grad, or step under torch.no_grad()")
+        ops.refuse_grad(pool, label, "the step")  # (the copies would, after the bookkeeping)
         return tuple(pool.shape), ops.dtype_name(pool.dtype)
 
     def _plan_copies(self, pools: Mapping[str, torch.Tensor], idx_mapping: torch.Tensor) -> None:
