@@ -294,7 +294,7 @@ def gated_delta_rule_chunked_kernel(
             o = chunk_dot(qg, s) + chunk_dot(a, u)
             tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
                      mask=live[:, None] & vmask[None, :])
-            if spec:  # every candidate's state, from k and the decays
+            if spec & (WIN > 1):  # every candidate's state, from k and the decays
                 k = _chunk_rows(k_ptr, qk_head, t, qk_stride_t, live, kk, kmask,
                                 QK_ALIGN).to(tl.float32)
                 if L2NORM:
@@ -306,8 +306,9 @@ def gated_delta_rule_chunked_kernel(
                 s = tl.exp(tl.sum(g, axis=0)) * s + chunk_dot(tl.trans(kd), u)
             t, live = t_next, live_next
             g, w, u0, qg, kd, a = g_nx, w_nx, u0_nx, qg_nx, kd_nx, a_nx
-        store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
-                          ALIGN)
+        # (with one write block a spec row has at most one token, its state the final one)
+        store_final_state(s, n, jw, wb, spec & (WIN > 1), pool_ptr, head, block_stride, s_offs,
+                          smask, ALIGN)
 
 
 def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row_ids, gates,

@@ -91,8 +91,26 @@ DOT_PRECISION = tl.constexpr("tf32x3")
 
 
 @triton.jit
+def _tf32_parts(x):
+    """fp32 ``x`` as ``big + small``: ``big`` is ``x`` rounded to TF32 (its 13 low mantissa
+    bits cleared after adding half their range: to nearest, ties away), ``small`` the
+    exact rest. No inf care: an infinite ``x`` gives a NaN ``small``."""
+    big = ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return big, x - big
+
+
+@triton.jit
 def chunk_dot(a, b):
-    """``a @ b`` in fp32 at ``DOT_PRECISION``."""
+    """``a @ b`` in fp32 at ``DOT_PRECISION``; TF32x3 written out: both operands split by
+    :func:`_tf32_parts`, then three TF32 products, the small terms first (Triton's own
+    TF32x3 guards every element against inf and NaN: about 30 % more instructions in the
+    chunked kernels' loops, benchmarks/README.md)."""
+    if DOT_PRECISION == "tf32x3":
+        a_big, a_small = _tf32_parts(a)
+        b_big, b_small = _tf32_parts(b)
+        acc = tl.dot(a_small, b_big, input_precision="tf32")
+        acc = tl.dot(a_big, b_small, acc, input_precision="tf32")
+        return tl.dot(a_big, b_big, acc, input_precision="tf32")
     return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
@@ -138,7 +156,9 @@ def chunk_advance(s, G, decay, a, b, c, n, jw, wb, spec, pool_ptr, head, block_s
 @triton.jit
 def store_final_state(s, n, jw, wb, spec, pool_ptr, head, block_stride, s_offs, smask,
                       ALIGN: tl.constexpr):
-    """A chunked kernel's non-spec row with tokens: its final state ``s`` to write block 0."""
+    """A chunked kernel's row with tokens: its final state ``s`` to write block 0 when
+    ``spec`` is false (a non-spec row, or a spec row in a launch with one write block a row,
+    whose one token's state is the final one)."""
     if ~spec & (n > 0):
         w0 = candidate_block(jw, wb, spec, 0)
         tl.store(pool_ptr + aligned_base(head, w0, block_stride, ALIGN) + s_offs,
