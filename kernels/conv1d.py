@@ -6,8 +6,7 @@ One program per (row, channel tile), both on grid axis 0. A row of one token (a 
 the new window from registers (``_one_token``, kernels/conv1d_one_token.py; in a decode
 batch of fewer than ``LATENCY_BELOW`` rows every program runs it, its stores masked off on
 other rows; on a 2-byte DS pool of ``K - 1`` columns, four channels a lane as 8-byte words:
-kernels/conv1d_ds_words.py; on a 2-byte DS pool of an even number of columns, as two 4-byte
-words a channel: ``ds_pairs``). Any other row (``_tiled_rows``, in passes of ``PASS_D``
+kernels/conv1d_ds_words.py). Any other row (``_tiled_rows``, in passes of ``PASS_D``
 channels) first loads its new window (from its read block at its read offset and from
 ``x``), then computes ``y`` for its tokens in tiles of ``BLOCK_T`` tokens, and only then,
 after a barrier, stores the window to the write block (which may be the read block). Both
@@ -114,7 +113,6 @@ def conv1d_update_kernel(
     LATENCY: tl.constexpr,  # a small batch (LATENCY_BELOW)
     UNBRANCHED: tl.constexpr,  # a small decode batch, K <= 4 (see _one_token)
     DS_WORDS: tl.constexpr,  # a one-token row's window moves as words (conv1d_ds_words.py)
-    DS_PAIRS: tl.constexpr,  # ... as two aligned 4-byte words a channel (ds_pairs)
 ):
     pid = tl.program_id(0).to(tl.int64)
     if LATENCY:
@@ -152,7 +150,7 @@ def conv1d_update_kernel(
                        t0, num_tokens, x_stride, w_stride, fault, n == 1,
                        aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0, tile, K,
                        WIDTH, DIM, X_ALIGN, TILE_D, LAYOUT_DS, SILU, W_PACKED, DS_WORDS,
-                       UNBRANCHED, DS_PAIRS)
+                       UNBRANCHED)
         if n != 1:
             _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist,
                         t0, n, spec, num_tokens, layer_offset, block_stride, x_stride,
@@ -163,7 +161,7 @@ def conv1d_update_kernel(
                        t0, num_tokens, x_stride, w_stride, fault, True,
                        aligned_base(layer_offset, wb, block_stride, ALIGN), wb >= 0, tile, K,
                        WIDTH, DIM, X_ALIGN, TILE_D, LAYOUT_DS, SILU, W_PACKED, DS_WORDS,
-                       UNBRANCHED, DS_PAIRS)
+                       UNBRANCHED)
     else:
         _tiled_rows(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0, n,
                     spec, num_tokens, layer_offset, block_stride, x_stride, w_stride, fault,
@@ -179,7 +177,7 @@ def _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has
                    K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
                    X_ALIGN: tl.constexpr, TILE_D: tl.constexpr, LAYOUT_DS: tl.constexpr,
                    SILU: tl.constexpr, W_PACKED: tl.constexpr, DS_WORDS: tl.constexpr,
-                   UNBRANCHED: tl.constexpr, DS_PAIRS: tl.constexpr):
+                   UNBRANCHED: tl.constexpr):
     """A one-token row's work on channel tile ``tile``: as words where ``DS_WORDS``."""
     first = (tile * TILE_D).to(tl.int32)
     if DS_WORDS:
@@ -190,7 +188,7 @@ def _one_token_row(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has
         _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_hist, t0,
                    num_tokens, x_stride, w_stride, fault, one, wbase, writes,
                    first + tl.arange(0, TILE_D), K, WIDTH, DIM, X_ALIGN, LAYOUT_DS, SILU,
-                   W_PACKED, UNBRANCHED, DS_PAIRS)
+                   W_PACKED, UNBRANCHED)
 
 
 @triton.jit
@@ -271,8 +269,8 @@ def conv_tile(dim: int, num_rows: int, num_tokens: int, layout: str = "SD",
     token per row on average) whose taps load as packed words and whose window is 2-byte
     (``packed_taps``, the case measured: four channels a lane, 8-byte window accesses);
     half of ``MAX_TILE_D`` in a smaller batch (lower latency where the GPU is not full)
-    and in a DS decode batch (a one-token row's window is two or three strided reads and
-    as many writes per channel there, and more, shorter programs keep more of them in
+    and in a DS decode batch (a one-token row's window is three strided 2-byte reads and
+    three writes per channel there, and more, shorter programs keep more of them in
     flight); :data:`DECODE_TILE_DS_WORDS` in a decode batch whose DS windows move as words
     (``words``, :func:`ds_words`: four channels a lane), at any batch (ahead of the
     small-batch rule: 128-512 channels measured within 0.04 µs at B = 1 and 16,
@@ -299,19 +297,6 @@ def ds_words(layout: str, ksize: int, width: int, dim: int, packed_taps: bool,
     return (layout == "DS" and ksize == 4 and width == 3 and packed_taps
             and dtype_bits(pool.dtype) == 16 and dim % 4 == 0 and align % 4 == 0
             and x_align * dtype_bits(x.dtype) % 64 == 0)
-
-
-def ds_pairs(layout: str, ksize: int, width: int, pool: ArraySpec, align: int) -> bool:
-    """Whether a one-token row's window moves as two aligned 4-byte words a channel
-    (kernels/conv1d_one_token.py, ``_window_pairs``): a DS pool of a 2-byte dtype with an
-    even number of columns, at least 4 (a model with drafts; 3 columns may take
-    :func:`ds_words`), layers and blocks on 4-byte boundaries (``align`` elements; the
-    launchers hand the pool over 16-byte aligned), ``K = 4``. The three history fields
-    from offset ``off`` lie in the channel's words ``off // 2`` and ``off // 2 + 1``,
-    inside its window for every valid offset (``off <= W - 3``); the new window's first
-    two fields are one word."""
-    return (layout == "DS" and ksize == 4 and width % 2 == 0 and width >= 4
-            and dtype_bits(pool.dtype) == 16 and align % 2 == 0)
 
 
 def token_tile(num_tokens: int, num_rows: int) -> int:
@@ -391,9 +376,7 @@ def plan_conv1d_update(pool: ArraySpec, errors: ArraySpec, x: ArraySpec, weight:
                     # (benchmarks/README.md, "The window ahead of the row's checks")
                     "UNBRANCHED": (ksize <= 4 and rows < LATENCY_BELOW
                                    and x.shape[0] <= rows),
-                    "DS_WORDS": words,
-                    "DS_PAIRS": ds_pairs(layout, ksize, width, pool,
-                                         pool_align(scal, layout))},
+                    "DS_WORDS": words},
         num_warps=NUM_WARPS,
         aliases={"pool": "pool", "errors": "errors"},
         skip=rows == 0,  # no tokens: still flag the rows' bad ids

@@ -52,30 +52,9 @@ def _tap(word, k: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _bits(value):
-    """A 2-byte value's bits, uint32."""
-    return value.to(tl.uint16, bitcast=True).to(tl.uint32)
-
-
-@triton.jit
-def _window_pairs(rp, pos, d, mask, WIDTH: tl.constexpr):
-    """Fields ``pos``, ``pos + 1``, ``pos + 2`` of each channel's DS window at ``rp``
-    (:func:`.conv1d.ds_pairs`: 2-byte fields, ``WIDTH`` even, so a channel's window starts
-    on a 4-byte boundary), from the two aligned 4-byte words that hold them: two loads a
-    channel instead of three. Each ``[len(d)]`` in the pool's dtype."""
-    words = (rp + d * WIDTH + (pos >> 1) * 2).to(tl.pointer_type(tl.uint32), bitcast=True)
-    lo = tl.load(words, mask=mask, other=0, eviction_policy="evict_first")
-    hi = tl.load(words + 1, mask=mask, other=0, eviction_policy="evict_first")
-    both = (lo.to(tl.uint64) | (hi.to(tl.uint64) << 32)) >> (16 * (pos & 1)).to(tl.uint64)
-    dt = rp.dtype.element_ty
-    return _field(both, 0, dt), _field(both, 1, dt), _field(both, 2, dt)
-
-
-@triton.jit
 def _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens, x_stride, d,
                       K: tl.constexpr, WIDTH: tl.constexpr, DIM: tl.constexpr,
-                      X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr,
-                      DS_PAIRS: tl.constexpr):
+                      X_ALIGN: tl.constexpr, LAYOUT_DS: tl.constexpr):
     """A one-token row's ``K - 1`` history rows (as loaded: zeros without a read block) and
     its token, each ``[len(d)]`` in the pool's and ``x``'s dtype. Safe before the row's
     checks: the window stays inside the read block and ``x`` inside ``[0, T_total)``."""
@@ -83,17 +62,13 @@ def _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens, x_s
     hm = dm & has_hist
     pos = tl.where(has_hist, off, 0).to(tl.int32)
     rp = pool_ptr + rbase
-    if DS_PAIRS:
-        tl.static_assert(K == 4)
-        h0, h1, h2 = _window_pairs(rp, pos, d, hm, WIDTH)
-    else:
-        h0 = _stream_in(rp, pos, d, hm, WIDTH, DIM, LAYOUT_DS)
-        h1 = h0
-        h2 = h0
-        if K > 2:
-            h1 = _stream_in(rp, pos + 1, d, hm, WIDTH, DIM, LAYOUT_DS)
-        if K > 3:
-            h2 = _stream_in(rp, pos + 2, d, hm, WIDTH, DIM, LAYOUT_DS)
+    h0 = _stream_in(rp, pos, d, hm, WIDTH, DIM, LAYOUT_DS)
+    h1 = h0
+    h2 = h0
+    if K > 2:
+        h1 = _stream_in(rp, pos + 1, d, hm, WIDTH, DIM, LAYOUT_DS)
+    if K > 3:
+        h2 = _stream_in(rp, pos + 2, d, hm, WIDTH, DIM, LAYOUT_DS)
     x_row = t0 * x_stride
     if X_ALIGN > 1:
         x_row = tl.multiple_of(x_row, X_ALIGN)
@@ -152,17 +127,11 @@ def _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K: tl.constexpr, SILU: tl
 
 @triton.jit
 def _one_token_window(out, h1, h2, xv, mask, d, K: tl.constexpr, WIDTH: tl.constexpr,
-                      DIM: tl.constexpr, LAYOUT_DS: tl.constexpr, DS_PAIRS: tl.constexpr):
+                      DIM: tl.constexpr, LAYOUT_DS: tl.constexpr):
     """Stores a one-token row's new window ``full[1:]`` at ``out`` from registers: a bit
-    copy of the history rows it loaded, and its token (with ``DS_PAIRS``, the first two
-    fields as one aligned 4-byte word)."""
+    copy of the history rows it loaded, and its token."""
     dt = out.dtype.element_ty
-    if DS_PAIRS:
-        tl.static_assert(K == 4)
-        tl.store((out + d * WIDTH).to(tl.pointer_type(tl.uint32), bitcast=True),
-                 _bits(h1) | (_bits(h2) << 16), mask=mask, cache_modifier=".cs")
-        _stream_out(out, 2, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
-    elif K == 2:
+    if K == 2:
         _stream_out(out, 0, d, xv.to(dt), mask, WIDTH, DIM, LAYOUT_DS)
     else:
         _stream_out(out, 0, d, h1, mask, WIDTH, DIM, LAYOUT_DS)
@@ -178,12 +147,11 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
                num_tokens, x_stride, w_stride, fault, one, wbase, writes, d, K: tl.constexpr,
                WIDTH: tl.constexpr, DIM: tl.constexpr, X_ALIGN: tl.constexpr,
                LAYOUT_DS: tl.constexpr, SILU: tl.constexpr, W_PACKED: tl.constexpr,
-               UNBRANCHED: tl.constexpr, DS_PAIRS: tl.constexpr):
+               UNBRANCHED: tl.constexpr):
     """A row of one token (``K <= 4``): each input loaded once and held, the output summed
     as the tiled path sums it, and the new window stored from registers. A lane stores
-    only the channels it loaded, after loading them (in program order: one thread's
-    accesses to an address stay in order), so the window may be rewritten in place without
-    a barrier.
+    only the channels it loaded, after loading them (a data dependence), so the window may
+    be rewritten in place without a barrier.
 
     With ``UNBRANCHED`` (a small decode batch, where the time is latency) every program
     runs it, with no branch: ``one`` says whether the row has one token, and the stores
@@ -193,8 +161,7 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
     row's checks"). Otherwise only a one-token row runs it (``one`` is true)."""
     dm = d < DIM
     h0, h1, h2, xv = _one_token_inputs(pool_ptr, x_ptr, rbase, off, has_hist, t0, num_tokens,
-                                       x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS,
-                                       DS_PAIRS)
+                                       x_stride, d, K, WIDTH, DIM, X_ALIGN, LAYOUT_DS)
     w0, w1, w2, w3, cb = _one_token_taps(weight_ptr, bias_ptr, w_stride, d, K, DIM, W_PACKED)
     if UNBRANCHED:
         acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
@@ -204,13 +171,13 @@ def _one_token(pool_ptr, x_ptr, weight_ptr, bias_ptr, y_ptr, rbase, off, has_his
         tl.store(y_ptr + t0 * DIM + d, tl.where(clean, acc, 0).to(y_ptr.dtype.element_ty),
                  mask=dm & (clean | ((fault & BAD_CU_SEQLENS) == 0)))
         _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes & clean, d, K, WIDTH,
-                          DIM, LAYOUT_DS, DS_PAIRS)
+                          DIM, LAYOUT_DS)
         return
     y_at = y_ptr + t0 * DIM + d
     if fault == 0:
         acc = _one_token_sum(h0, h1, h2, xv, w0, w1, w2, w3, cb, K, SILU)
         tl.store(y_at, acc.to(y_ptr.dtype.element_ty), mask=dm)
         _one_token_window(pool_ptr + wbase, h1, h2, xv, dm & writes, d, K, WIDTH, DIM,
-                          LAYOUT_DS, DS_PAIRS)
+                          LAYOUT_DS)
     elif (fault & BAD_CU_SEQLENS) == 0:  # a faulty row's y is 0
         tl.store(y_at, tl.zeros(d.shape, y_ptr.dtype.element_ty), mask=dm)

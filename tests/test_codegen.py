@@ -289,17 +289,14 @@ def test_a_small_conv_launch_loads_the_window_before_any_branch(layout, rows, wi
     # below LATENCY_BELOW rows a one-token row's window, token and taps load with no branch
     # ahead of them, one round trip after the ids: the branch to the one-token path had
     # kept them about 100 instructions behind the ids' arrival (benchmarks/README.md, "The
-    # window ahead of the row's checks"); a DS window of 3 columns loads as words, one of 6
-    # as two 4-byte words a channel (kernels.conv1d.ds_pairs)
+    # window ahead of the row's checks"); a DS window of 3 columns loads as words
     lines = load_order("--conv", layout, "--rows", rows, "--tokens", "1", "--width", width)
     window = [i for i, (_, text) in enumerate(lines) if "LDG.E.EF" in text]
-    pairs = layout == "DS" and width == "6"
-    # K - 1 = 3 history rows, a group's three words, or a channel's two words
-    assert len(window) == (2 if pairs else 3), lines
+    # K - 1 = 3 history rows, or a group's three words
+    assert len(window) == 3, lines
     opcodes = [next(t for t in lines[i][1].split() if t.startswith("LDG")) for i in window]
-    if layout == "DS":  # 8-byte words (3 columns), 4-byte words (6)
-        assert all(op.endswith(".64") if width == "3" else op == "LDG.E.EF"
-                   for op in opcodes), opcodes
+    if layout == "DS":  # 2-byte fields, or words
+        assert (width == "3") == all(op.endswith(".64") for op in opcodes), opcodes
     control = ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")
     assert not any(c in text for _, text in lines[:window[-1]] for c in control), lines
     assert max(d for d, text in lines if "LDG" in text) == 1, lines
