@@ -101,12 +101,38 @@ def _qk_halves(ptr, qk_head, t, live, qk_stride_t, K: tl.constexpr, HK: tl.const
 
 
 @triton.jit
-def _store_halves(ptr, th, N: tl.constexpr, x0, x1, live, HALF: tl.constexpr):
-    """Two ``[CHUNK, HALF]`` tiles to the rows ``th`` of a ``[*, N]`` fp32 array."""
-    c = tl.arange(0, HALF).to(tl.int64)
-    tl.store(ptr + th[:, None] * N + c[None, :], x0, mask=live[:, None] & (c < N)[None, :])
-    tl.store(ptr + th[:, None] * N + HALF + c[None, :], x1,
-             mask=live[:, None] & (HALF + c < N)[None, :])
+def _rows_of(ptr, first, i_hv, n_live, cols, N: tl.constexpr, HV: tl.constexpr,
+             CHUNK: tl.constexpr):
+    """Pointers and mask of ``[CHUNK, len(cols)]`` elements of a contiguous ``[T, HV, N]``
+    array (the scratch, ``o``): tokens ``first ..`` (the first ``n_live``), head ``i_hv``,
+    columns ``cols`` (int32). One 64-bit base and 32-bit offsets, which no loop holds (the
+    plan keeps ``CHUNK * HV * N`` below 2^31)."""
+    r = tl.arange(0, CHUNK)
+    base = ptr + (first * HV + i_hv) * N
+    return base + (r[:, None] * (HV * N) + cols[None, :]), \
+        (r < n_live)[:, None] & (cols < N)[None, :]
+
+
+@triton.jit
+def _scratch_halves(ptr, first, i_hv, n_live, N: tl.constexpr, HALF: tl.constexpr,
+                    HV: tl.constexpr, CHUNK: tl.constexpr):
+    """:func:`_rows_of`'s rows as two fp32 ``[CHUNK, HALF]`` tiles, columns ``[0, HALF)``
+    and ``[HALF, 2 HALF)`` (zero past ``N`` and past ``n_live``)."""
+    c = tl.arange(0, HALF)
+    p0, m0 = _rows_of(ptr, first, i_hv, n_live, c, N, HV, CHUNK)
+    p1, m1 = _rows_of(ptr, first, i_hv, n_live, HALF + c, N, HV, CHUNK)
+    return tl.load(p0, mask=m0, other=0), tl.load(p1, mask=m1, other=0)
+
+
+@triton.jit
+def _store_scratch_halves(ptr, first, i_hv, n_live, x0, x1, N: tl.constexpr,
+                          HALF: tl.constexpr, HV: tl.constexpr, CHUNK: tl.constexpr):
+    """Two ``[CHUNK, HALF]`` tiles to :func:`_rows_of`'s rows."""
+    c = tl.arange(0, HALF)
+    p0, m0 = _rows_of(ptr, first, i_hv, n_live, c, N, HV, CHUNK)
+    tl.store(p0, x0, mask=m0)
+    p1, m1 = _rows_of(ptr, first, i_hv, n_live, HALF + c, N, HV, CHUNK)
+    tl.store(p1, x1, mask=m1)
 
 
 @triton.jit
@@ -172,21 +198,22 @@ def _prepare(q_ptr, k_ptr, v_ptr, gate_a_ptr, gate_b_ptr, A_log_ptr, dt_bias_ptr
             g, beta = decay_gates(ga, gb, A, dt_bias, FUSED_GATES)
             g, beta = tl.where(live, g, 0.0), tl.where(live, beta, 0.0)  # none past the row
             G, decay = chunk_decays(g, CHUNK)
-            th = t * HV + i_hv
-            tl.store(chunk_g_ptr + th, g, mask=live)
+            first, n_live = t0 + c, tl.minimum(CHUNK, n - c)
+            tl.store(chunk_g_ptr + first * HV + i_hv + r * HV, g, mask=live)
             last = tl.sum(tl.where(r[:, None] == CHUNK - 1, decay, 0.0), axis=0)[:, None]
-            _store_halves(chunk_k_ptr, th, K, k0 * last, k1 * last, live, HK)
+            _store_scratch_halves(chunk_k_ptr, first, i_hv, n_live, k0 * last, k1 * last, K, HK,
+                                  HV, CHUNK)
             kb0, kb1 = k0 * beta[:, None], k1 * beta[:, None]
             kk = chunk_mma(kb1, tl.trans(k1), chunk_dot(kb0, tl.trans(k0)))
             x = _unit_lower_inverse(tl.where(r[:, None] > r[None, :], kk * decay, 0.0), CHUNK,
                                     BLOCK)
             eG = tl.exp(G)[:, None]
-            _store_halves(chunk_w_ptr, th, K, chunk_dot(x, kb0 * eG), chunk_dot(x, kb1 * eG),
-                          live, HK)
+            _store_scratch_halves(chunk_w_ptr, first, i_hv, n_live, chunk_dot(x, kb0 * eG),
+                                  chunk_dot(x, kb1 * eG), K, HK, HV, CHUNK)
             HVF: tl.constexpr = BVF // 2
             v0, v1 = _halves(v_ptr, i_hv * v_stride_h, t, v_stride_t, live, V, HVF, V_ALIGN)
-            _store_halves(chunk_u_ptr, th, V, chunk_dot(x, v0 * beta[:, None]),
-                          chunk_dot(x, v1 * beta[:, None]), live, HVF)
+            _store_scratch_halves(chunk_u_ptr, first, i_hv, n_live, chunk_dot(x, v0 * beta[:, None]),
+                                  chunk_dot(x, v1 * beta[:, None]), V, HVF, HV, CHUNK)
 
 
 # Step 1's kernels, one per op, each naming its parameters as the op's arrays (the ABI)
@@ -232,15 +259,38 @@ def _state_tile(kk, vv, K: tl.constexpr, V: tl.constexpr, LAYOUT_KV: tl.constexp
 
 
 @triton.jit
-def _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, th, live, vv, s0, s1,
-                 K: tl.constexpr, V: tl.constexpr, HK: tl.constexpr):
-    """A chunk's log decays ``[CHUNK]`` and corrections ``U = U0 - W S0`` ``[CHUNK, BV]``
-    (value columns ``vv``) from step 1's scratch (rows ``th``) and the state's two halves
-    ``s0``, ``s1`` ``[HK, BV]``."""
-    g = tl.load(chunk_g_ptr + th, mask=live, other=0)
-    w0, w1 = _halves(chunk_w_ptr, 0, th, K, live, K, HK, 1)
-    u0 = _chunk_rows(chunk_u_ptr, 0, th, V, live, vv, vv < V, 1)
-    return g, u0 - chunk_mma(w1, s1, chunk_dot(w0, s0))
+def _store_state(chunk_h_ptr, slot, i_hv, kk, vv, s0, s1, K: tl.constexpr, V: tl.constexpr,
+                 HK: tl.constexpr, HV: tl.constexpr):
+    """The state's halves to ``chunk_h[slot, i_hv]`` (``[K, V]``)."""
+    h = chunk_h_ptr + (slot * HV + i_hv) * (K * V)
+    o0, m0 = _state_tile(kk, vv, K, V, True)
+    tl.store(h + o0, s0, mask=m0)
+    o1, m1 = _state_tile(HK + kk, vv, K, V, True)
+    tl.store(h + o1, s1, mask=m1)
+
+
+@triton.jit
+def _load_state(chunk_h_ptr, slot, i_hv, kk, vv, K: tl.constexpr, V: tl.constexpr,
+                HK: tl.constexpr, HV: tl.constexpr):
+    """:func:`_store_state`'s halves back."""
+    h = chunk_h_ptr + (slot * HV + i_hv) * (K * V)
+    o0, m0 = _state_tile(kk, vv, K, V, True)
+    o1, m1 = _state_tile(HK + kk, vv, K, V, True)
+    return tl.load(h + o0, mask=m0, other=0), tl.load(h + o1, mask=m1, other=0)
+
+
+@triton.jit
+def _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, first, i_hv, n_live, vv, s0, s1,
+                 K: tl.constexpr, V: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr,
+                 CHUNK: tl.constexpr):
+    """The log decays ``[CHUNK]`` and corrections ``U = U0 - W S0`` ``[CHUNK, BV]`` (value
+    columns ``vv``) of the chunk of tokens ``first ..`` (``n_live`` of them), from step 1's
+    scratch and the state's two halves ``s0``, ``s1`` ``[HK, BV]``."""
+    r = tl.arange(0, CHUNK)
+    g = tl.load(chunk_g_ptr + first * HV + i_hv + r * HV, mask=r < n_live, other=0)
+    w0, w1 = _scratch_halves(chunk_w_ptr, first, i_hv, n_live, K, HK, HV, CHUNK)
+    pu, mu = _rows_of(chunk_u_ptr, first, i_hv, n_live, vv, V, HV, CHUNK)
+    return g, tl.load(pu, mask=mu, other=0) - chunk_mma(w1, s1, chunk_dot(w0, s0))
 
 
 @triton.jit
@@ -331,13 +381,12 @@ def gated_delta_rule_chunked_kernel(
     t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
                                                 write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
                                                 WIN_PAD)
-    kk = tl.arange(0, HK).to(tl.int64)
-    vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
-    # the state's two halves of rows [HK, BV] (k, v), in the pool's layout and in chunk_h's
+    kk = tl.arange(0, HK)
+    vv = (i_v * BV).to(tl.int32) + tl.arange(0, BV)
+    # the state's two halves of rows [HK, BV] (k, v) in the pool's layout (int32 offsets
+    # in a state: a loop holds them)
     so0, sm0 = _state_tile(kk, vv, K, V, LAYOUT_KV)
     so1, sm1 = _state_tile(HK + kk, vv, K, V, LAYOUT_KV)
-    ho0, _ = _state_tile(kk, vv, K, V, True)
-    ho1, _ = _state_tile(HK + kk, vv, K, V, True)
     head, block_stride = head_offset(layer_offset, i_hv, head_stride, block_stride, ALIGN)
     # loaded whole before any store, as in .gdn
     s_base = pool_ptr + aligned_base(head, rb, block_stride, ALIGN)
@@ -356,15 +405,15 @@ def gated_delta_rule_chunked_kernel(
         qk_head = (i_hv // GROUP) * qk_stride_h
         t = t0 + r.to(tl.int64)
         live = r < n
-        th = t * HV + i_hv
+        n_live = tl.minimum(CHUNK, n)
         # the first chunk: its output from the state loaded, then the state after it
-        g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, th, live, vv, s0, s1, K, V,
-                            HK)
+        g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, t0, i_hv, n_live, vv, s0,
+                            s1, K, V, HK, HV, CHUNK)
         o = _chunk_output(q_ptr, k_ptr, qk_head, t, live, qk_stride_t, scale, g, s0, s1, u, K,
                           HK, L2NORM, QK_ALIGN, CHUNK)
-        tl.store(out_o[None, :] + t[:, None] * HV * V, o.to(o_ptr.dtype.element_ty),
-                 mask=live[:, None] & (vv < V)[None, :])
-        kd0, kd1 = _halves(chunk_k_ptr, 0, th, K, live, K, HK, 1)
+        po, mo = _rows_of(o_ptr, t0, i_hv, n_live, vv, V, HV, CHUNK)
+        tl.store(po, o.to(o_ptr.dtype.element_ty), mask=mo)
+        kd0, kd1 = _scratch_halves(chunk_k_ptr, t0, i_hv, n_live, K, HK, HV, CHUNK)
         s0, s1 = _advance(s0, s1, g, kd0, kd1, u, k_ptr, qk_head, t, live, qk_stride_t, 0, n,
                           jw, wb, spec, pool_ptr, head, block_stride, so0, sm0, so1, sm1, K,
                           HK, WIN, L2NORM, ALIGN, QK_ALIGN, CHUNK)
@@ -372,13 +421,11 @@ def gated_delta_rule_chunked_kernel(
         for c in range(CHUNK, n, CHUNK):
             t = t0 + c + r.to(tl.int64)
             live = c + r < n
-            th = t * HV + i_hv
-            h = chunk_h_ptr + (((t0 + c) // CHUNK) * HV + i_hv) * K * V
-            tl.store(h + ho0, s0, mask=sm0)
-            tl.store(h + ho1, s1, mask=sm1)
-            g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, th, live, vv, s0, s1, K,
-                                V, HK)
-            kd0, kd1 = _halves(chunk_k_ptr, 0, th, K, live, K, HK, 1)
+            first, n_live = t0 + c, tl.minimum(CHUNK, n - c)
+            _store_state(chunk_h_ptr, first // CHUNK, i_hv, kk, vv, s0, s1, K, V, HK, HV)
+            g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, first, i_hv, n_live, vv,
+                                s0, s1, K, V, HK, HV, CHUNK)
+            kd0, kd1 = _scratch_halves(chunk_k_ptr, first, i_hv, n_live, K, HK, HV, CHUNK)
             s0, s1 = _advance(s0, s1, g, kd0, kd1, u, k_ptr, qk_head, t, live, qk_stride_t, c,
                               n, jw, wb, spec, pool_ptr, head, block_stride, so0, sm0, so1,
                               sm1, K, HK, WIN, L2NORM, ALIGN, QK_ALIGN, CHUNK)
@@ -447,20 +494,16 @@ def gated_delta_rule_chunk_output_kernel(
         r = tl.arange(0, CHUNK)
         t = start + r.to(tl.int64)
         live = t < t1
-        th = t * HV + i_hv
-        kk = tl.arange(0, HK).to(tl.int64)
-        vv = i_v * BV + tl.arange(0, BV).to(tl.int64)
-        ho0, hm0 = _state_tile(kk, vv, K, V, True)
-        ho1, hm1 = _state_tile(HK + kk, vv, K, V, True)
-        h = chunk_h_ptr + (i_s * HV + i_hv) * K * V
-        s0 = tl.load(h + ho0, mask=hm0, other=0)
-        s1 = tl.load(h + ho1, mask=hm1, other=0)
-        g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, th, live, vv, s0, s1, K, V,
-                            HK)
+        n_live = tl.minimum(CHUNK, t1 - start)
+        kk = tl.arange(0, HK)
+        vv = (i_v * BV).to(tl.int32) + tl.arange(0, BV)
+        s0, s1 = _load_state(chunk_h_ptr, i_s, i_hv, kk, vv, K, V, HK, HV)
+        g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, start, i_hv, n_live, vv, s0,
+                            s1, K, V, HK, HV, CHUNK)
         o = _chunk_output(q_ptr, k_ptr, (i_hv // GROUP) * qk_stride_h, t, live, qk_stride_t,
                           scale, g, s0, s1, u, K, HK, L2NORM, QK_ALIGN, CHUNK)
-        tl.store(o_ptr + i_hv * V + vv[None, :] + t[:, None] * HV * V,
-                 o.to(o_ptr.dtype.element_ty), mask=live[:, None] & (vv < V)[None, :])
+        po, mo = _rows_of(o_ptr, start, i_hv, n_live, vv, V, HV, CHUNK)
+        tl.store(po, o.to(o_ptr.dtype.element_ty), mask=mo)
 
 
 def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row_ids, gates,
@@ -471,6 +514,9 @@ def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row
     fp32 scratch steps 2 and 3 read, step 3 (the later chunks' outputs) as its ``after``
     stage."""
     chunk = CHUNK
+    if isinstance(K, int) and isinstance(V, int) and chunk * HV * max(K, V) >= 2**31:
+        raise ValueError(f"algorithm='chunked' needs {chunk} * HV * max(K, V) < 2**31 (its "
+                         f"32-bit offsets), got HV={HV}, K={K}, V={V}")
     bk = max(32, next_pow2(K))  # two halves of columns, each 16 at least (tl.dot)
     # step 1: enough programs for every chunk of an average row at once, at most MAX_SPLIT
     # per (row, head); which program takes a chunk changes no arithmetic. Sizes that are
