@@ -16,7 +16,7 @@ inside).
 Usage::
 
     python benchmarks/probe_gdn_chunked.py --out DIR [--label L] [--tokens 2048]
-        [--rows 1,8] [--variants 16:32:8:tf32x3,32:32:8:tf32x3,...] [--small]
+        [--rows 1,8] [--variants 16:32:8:tf32x3,32:32:8:tf32x3,...] [--small] [--no-fla]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ DEFAULT_VARIANTS = ("16:32:8:tf32x3", "16:16:8:tf32x3", "16:64:8:tf32x3", "32:32
                     "16:16:8:ieee", "32:32:4:tf32")
 
 
-def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
+def run_variant(variant: str, tokens: int, rows: tuple, small: bool, no_fla: bool = False) -> list:
     """This process's rows for one variant (and the baselines at every row count)."""
     import triton.language as tl
 
@@ -52,7 +52,7 @@ def run_variant(variant: str, tokens: int, rows: tuple, small: bool) -> list:
     recurrent.DOT_PRECISION = tl.constexpr(precision)  # before the kernel first compiles
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     s = dict(shapes(small), prefill=tokens)
-    fla = None if small else load_fla()
+    fla = None if small or no_fla else load_fla()
     out = []
     for B in rows:  # a generator per row count: its inputs do not depend on --rows
         c = Case(s, B, tokens, False, dev, torch.Generator().manual_seed(B))
@@ -125,16 +125,18 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8", help="prefill rows per launch, comma-separated")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS))
     ap.add_argument("--small", action="store_true", help="CPU smoke run: tiny shapes")
+    ap.add_argument("--no-fla", action="store_true", help="leave fla's kernel out")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # a child process: one variant
     args = ap.parse_args()
     rows = tuple(int(r) for r in args.rows.split(","))
     if args.one:
-        print(json.dumps(run_variant(args.one, args.tokens, rows, args.small)))
+        print(json.dumps(run_variant(args.one, args.tokens, rows, args.small, args.no_fla)))
         return
     records = []
     for variant in args.variants.split(","):
         cmd = [sys.executable, __file__, "--out", args.out, "--tokens", str(args.tokens),
-               "--rows", args.rows, "--one", variant] + (["--small"] if args.small else [])
+               "--rows", args.rows, "--one", variant] + (["--small"] if args.small else []) \
+            + (["--no-fla"] if args.no_fla else [])
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:
             print(f"{variant}: failed\n{r.stderr[-2000:]}", flush=True)
