@@ -169,8 +169,9 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ({chunk} tokens at a time as matrix products: the same results within rounding, not the
     same bits; a row's chunks start at its first token in the launch, so its bits depend
     on where its tokens were split into launches; for long prefill rows: three launches
-    and ``T_total * HV * (2 K + V + 1)`` plus ``cdiv(T_total, {chunk}) * HV * K * V`` fp32
-    of scratch, faster than token by token on a few long rows: docs/status.md).
+    and ``T_total * HV * (2 K + V + 1)`` plus ``cdiv(T_total, {chunk}) * (HV * K * V)``
+    fp32 of scratch (and an int32 a {chunk} tokens), faster than token by token on a few
+    long rows: docs/status.md).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

@@ -15,7 +15,8 @@ row's tokens taken ``CHUNK`` at a time as matrix products, in three launches (th
    chunk ``U = U0 - W S0`` and the update, storing the state each later chunk starts from
    to ``chunk_h`` (fp32 ``[cdiv(T, CHUNK), HV, K, V]``, at slot ``first token // CHUNK``:
    a later chunk's first token has ``CHUNK`` tokens of its own row before it, so no two
-   such chunks share a slot). A spec row also stores the state after each candidate.
+   such chunks share a slot) and the row to ``chunk_row`` (int32 ``[cdiv(T, CHUNK)]``). A
+   spec row also stores the state after each candidate.
 3. :func:`gated_delta_rule_chunk_output_kernel`: the output of every later chunk in
    parallel, one program per (slot, value head, ``OUT_BV`` value columns), from
    ``chunk_h`` and step 1's scratch.
@@ -362,6 +363,7 @@ def gated_delta_rule_chunked_kernel(
     pool_ptr,
     errors_ptr,
     chunk_h_ptr,  # [cdiv(T, CHUNK), HV, K, V] fp32: for step 3
+    chunk_row_ptr,  # [cdiv(T, CHUNK)] int32: the row of each slot's chunk, for step 3
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
@@ -426,6 +428,8 @@ def gated_delta_rule_chunked_kernel(
             live = c + r < n
             first, n_live = t0 + c, tl.minimum(CHUNK, n - c)
             _store_state(chunk_h_ptr, first // CHUNK, i_hv, kk, vv, s0, s1, K, V, HK, HV)
+            if (i_hv == 0) & (i_v == 0):
+                tl.store(chunk_row_ptr + first // CHUNK, row.to(tl.int32))
             g, u = _corrections(chunk_g_ptr, chunk_w_ptr, chunk_u_ptr, first, i_hv, n_live, vv,
                                 s0, s1, K, V, HK, HV, CHUNK)
             kd0, kd1 = _scratch_halves(chunk_k_ptr, first, i_hv, n_live, K, HK, HV, CHUNK)
@@ -452,6 +456,7 @@ def gated_delta_rule_chunk_output_kernel(
     chunk_w_ptr,
     chunk_u_ptr,
     chunk_h_ptr,  # step 2's
+    chunk_row_ptr,
     num_tokens,
     num_rows,
     qk_stride_t,
@@ -475,25 +480,25 @@ def gated_delta_rule_chunk_output_kernel(
     """Step 3 (the module's docstring): one program per (slot ``i_s`` of ``chunk_h``, value
     head, value columns ``[i_v BV, (i_v + 1) BV)``): the output of the later chunk whose
     first token is in ``[i_s CHUNK, (i_s + 1) CHUNK)``, if a row that step 2 did not skip
-    has one there. That row holds token ``i_s CHUNK`` (a later chunk has ``CHUNK`` tokens of
-    its own row before its first), found by bisection of ``cu_seqlens``."""
+    has one there: step 2 stored that row in ``chunk_row``, which holds anything where it
+    stored none. So the row read there is used only if it is a row, step 2 did not skip it
+    and it has a later chunk starting in the slot: then the slot is that row's (two later
+    chunks in one slot would start fewer than ``CHUNK`` tokens apart, in one row, whose
+    chunks start ``CHUNK`` apart; rows that share tokens excepted: their outputs are
+    unspecified)."""
     i_s, i_hv, i_v = head_program(HV, (V + BV - 1) // BV)
     HK: tl.constexpr = BK // 2
     first = i_s * CHUNK
-    # the last row starting at or before token `first` (some row, if cu_seqlens is bad)
-    lo = num_rows * 0
-    hi = num_rows + 0
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        before = tl.load(cu_seqlens_ptr + mid).to(tl.int64) <= first
-        lo = tl.where(before, mid, lo)
-        hi = tl.where(before, hi, mid)
-    t0, t1, n, rb, spec, jw, wb = recurrent_row(lo, cu_seqlens_ptr, read_block_ptr,
+    # (no slot at all when the launch has no tokens: the grid keeps one program)
+    row = tl.load(chunk_row_ptr + i_s, mask=first < num_tokens, other=-1).to(tl.int64)
+    known = (row >= 0) & (row < num_rows)
+    row = tl.where(known, row, 0)
+    t0, t1, n, rb, spec, jw, wb = recurrent_row(row, cu_seqlens_ptr, read_block_ptr,
                                                 write_blocks_ptr, is_spec_ptr, wb_stride, WIN,
                                                 WIN_PAD)
     fault = recurrent_fault(t0, t1, n, rb, wb, spec, num_tokens, num_blocks, WIN)
     start = t0 + (first - t0 + CHUNK - 1) // CHUNK * CHUNK  # (first - t0 > 0 below)
-    if (fault == 0) & (first > t0) & (start < t1):
+    if known & (fault == 0) & (first > t0) & (start < t1):
         r = tl.arange(0, CHUNK)
         t = start + r.to(tl.int64)
         live = t < t1
@@ -553,7 +558,8 @@ def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row
     output = LaunchPlan(
         kernel=gated_delta_rule_chunk_output_kernel,
         grid=(max(1, cdiv(T, chunk) * HV * cdiv(V, out_bv)),),
-        inputs=("o", "q", "k") + row_ids + ("chunk_g", "chunk_w", "chunk_u", "chunk_h"),
+        inputs=("o", "q", "k") + row_ids + ("chunk_g", "chunk_w", "chunk_u", "chunk_h",
+                                            "chunk_row"),
         scalars=(("num_tokens", T), ("num_rows", rows)) + strides[:2]
         + (pool_scal[0], pool_scal[-1], scale_scal),  # wb_stride, num_blocks
         outputs=("o",),
@@ -569,9 +575,10 @@ def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row
         grid=(max(1, rows * HV * cdiv(V, bv)),),
         inputs=("pool", "errors", "q", "k") + row_ids + SCRATCH,
         scalars=(("num_tokens", T),) + strides[:2] + pool_scal + (scale_scal,),
-        outputs=("o", "pool", "errors", "chunk_h"),
+        outputs=("o", "pool", "errors", "chunk_h", "chunk_row"),
         out_specs={"o": Output((T, HV, V), q.dtype),
-                   "chunk_h": Output((cdiv(T, chunk), HV, K, V), "float32")},
+                   "chunk_h": Output((cdiv(T, chunk), HV, K, V), "float32"),
+                   "chunk_row": Output((cdiv(T, chunk),), "int32")},
         constexprs=dict(common, BK=bk, BV=bv, CHUNK=chunk),
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
@@ -579,5 +586,5 @@ def plan_chunked(q, v, rows, T, H, HV, K, V, strides, pool_scal, scale_scal, row
         skip=rows == 0,
         before=(prepare,),
         after=(output,),
-        scratch=("chunk_h",),
+        scratch=("chunk_h", "chunk_row"),
     )

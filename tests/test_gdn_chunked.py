@@ -216,6 +216,25 @@ def test_faulty_rows_are_flagged_and_write_nothing(device_backend):
     close(out[1, 8], rout[1, 8], 1e-5)
 
 
+def test_rows_beside_a_backwards_row_get_their_later_chunks(device_backend):
+    # cu_seqlens not increasing: row 1 runs backwards (BAD_CU_SEQLENS), rows 0 and 2 share
+    # no token and run on their ranges, each with a later chunk; a search of cu_seqlens
+    # for the row of token 64 lands on row 0 (it starts at 200) and missed row 2's
+    rng = np.random.default_rng(13)
+    cu = np.array([200, 300, 0, 100])
+    pool, q, k, v, gates = inputs(rng, np.array([0, 300]), 1, 1, 16, 16)
+    rb, wbs, spec = np.array([1, 2, 3]), np.array([[4, -1, -1], [5, -1, -1], [6, -1, -1]]), \
+        np.zeros(3, np.int64)
+    o, out, err = run(device_backend, pool, q, k, v, gates, cu, rb, wbs, spec, layer=1)
+    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, cu, rb, wbs, spec,
+                                                   layer=1)
+    assert err.tolist() == rerr.tolist() and Fault(int(err[0])) == Fault.BAD_CU_SEQLENS
+    for lo, hi in ((0, 100), (200, 300)):
+        close(o[lo:hi], ro[lo:hi], 1e-5)
+    for b in (4, 6):
+        close(out[1, b], rout[1, b], 1e-5)
+
+
 def test_torch_compile_and_jax_jit_give_the_eager_bits():
     import jax
     import torch
@@ -334,8 +353,10 @@ def test_the_three_launches():
     assert output.grid == (-(-T // CHUNK) * HV * -(-V // gc.OUT_BV),)
     assert {n: o.shape for n, o in prepare.out_specs.items()} == {
         "chunk_g": (T, HV), "chunk_w": (T, HV, K), "chunk_u": (T, HV, V), "chunk_k": (T, HV, K)}
-    assert plan.scratch == ("chunk_h",) and plan.returned == ("o",)
+    assert plan.scratch == ("chunk_h", "chunk_row") and plan.returned == ("o",)
     assert plan.out_specs["chunk_h"].shape == (-(-T // CHUNK), HV, K, V)
-    assert dict(output.aliases) == {"o": "o"} and "chunk_h" in output.inputs
+    row = plan.out_specs["chunk_row"]
+    assert (row.shape, row.dtype) == ((-(-T // CHUNK),), "int32")
+    assert dict(output.aliases) == {"o": "o"} and {"chunk_h", "chunk_row"} <= set(output.inputs)
     assert (prepare.num_warps, plan.num_warps, output.num_warps) == (
         gc.PREPARE_WARPS, gc.NUM_WARPS, gc.OUT_WARPS)
