@@ -196,10 +196,11 @@ def test_a_row_split_over_two_launches(device_backend, cut):
 
 
 def test_faulty_rows_are_flagged_and_write_nothing(device_backend):
-    # a read block past NB, a write block below -1, a spec row longer than its window,
-    # then a good prefill row
+    # a read block past NB (a row of more than a chunk), a write block below -1, a spec row
+    # longer than its window, then a good prefill row
     rng = np.random.default_rng(4)
-    cu = np.array([0, 40, 41, 45, 85])
+    cu = np.array([0, 40, 41, 45, 85]) + np.array([0, 1, 1, 1, 1]) * (CHUNK + 5)
+    bad = int(cu[3])  # the faulty rows' tokens
     pool, q, k, v, gates = inputs(rng, cu, 1, 1, 16, 16)
     rb, wbs = np.array([NB, 1, 2, 3]), np.array([[5, -1, -1], [-4, -1, -1], [5, 6, 7],
                                                  [8, -1, -1]])
@@ -209,8 +210,8 @@ def test_faulty_rows_are_flagged_and_write_nothing(device_backend):
                                                    layer=1)
     assert Fault(int(err[0])) == Fault.BAD_BLOCK | Fault.BAD_QUERY_LEN
     assert err.tolist() == rerr.tolist() and err[1] == 0
-    assert (o[:45] == 0).all()
-    close(o[45:], ro[45:], 1e-5)
+    assert (o[:bad] == 0).all()
+    close(o[bad:], ro[bad:], 1e-5)
     assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
     close(out[1, 8], rout[1, 8], 1e-5)
 
@@ -222,7 +223,7 @@ def test_torch_compile_and_jax_jit_give_the_eager_bits():
     from mamba_align.backends.jax import ops as jops
     from mamba_align.backends.torch import ops as tops
     rng = np.random.default_rng(11)
-    cu = np.array([0, 40, 41])
+    cu = np.array([0, 2 * CHUNK + 20, 2 * CHUNK + 21])  # two whole chunks and a ragged one
     pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
     ids = (cu, np.array([2, -1]), np.array([[3, -1, -1], [4, -1, -1]]), np.array([0, 0]))
     dev = "cuda" if torch.cuda.is_available() else "cpu"
