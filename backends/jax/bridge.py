@@ -108,7 +108,9 @@ def _scalar(name: str, v):
 
 def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
     """Run ``plan`` on JAX arrays (every input by name); returns ``{output name: array}``.
-    Its ``before`` stages run first; their scratch outputs join the inputs by name."""
+    Its ``before`` stages run first; their scratch outputs join the inputs by name. Its
+    ``after`` stages run last, each on the arrays so far, and replace the outputs they
+    update."""
     if plan.before:
         arrays = dict(arrays)
         for stage in plan.before:
@@ -127,7 +129,14 @@ def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
         outs = _launch_gpu(plan, inputs, scalar_values, specs)
     else:
         outs = _launch_interpreter(plan, inputs, scalar_values, specs)
-    return dict(zip(plan.outputs, outs))
+    outs = dict(zip(plan.outputs, outs))
+    if plan.after:
+        arrays = dict(arrays, **outs)
+        for stage in plan.after:
+            updated = launch(stage, arrays)
+            arrays.update(updated)
+            outs.update(updated)
+    return {n: a for n, a in outs.items() if n not in plan.scratch}
 
 
 def _launch_gpu(plan, inputs, scalar_values, specs):
@@ -145,6 +154,7 @@ def _launch_gpu(plan, inputs, scalar_values, specs):
     shapes = {"out_shape" if _JT_VERSION < (0, 4) else "out_type": specs}
     outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, grid=plan.grid,
                           num_warps=plan.num_warps, input_output_aliases=aliases, **shapes,
+                          **({"num_stages": plan.num_stages} if plan.num_stages else {}),
                           **plan.constexprs)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
