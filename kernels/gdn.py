@@ -4,11 +4,10 @@ reference is :func:`mamba_align.core.gdn_ref.gated_delta_rule_ref`.
 
 ``algorithm="recurrent"`` launches :mod:`.gdn_recurrent`'s token-by-token kernel (one
 program per row, value head and tile of ``BV`` value rows, under ``REGISTER_CAP``).
-``algorithm="chunked"`` launches :mod:`.gdn_chunked`'s three kernels instead, planned there
+``algorithm="chunked"`` launches :mod:`.gdn_chunked`'s two kernels instead, planned there
 (:func:`.gdn_chunked.plan_chunked`) after this module's checks (a row's tokens by chunks,
 as matrix products: every chunk's triangular solve at once, then the same grid as here
-walking the chunks and updating the state, then the later chunks' outputs at once); they
-carry no register cap.
+walking the chunks); they carry no register cap.
 """
 
 from __future__ import annotations
@@ -168,10 +167,9 @@ _DOC = """The gated delta rule of docs/semantics.md §4 over variable-length row
     ``algorithm``: ``"recurrent"`` (token by token: decode and spec rows) or ``"chunked"``
     ({chunk} tokens at a time as matrix products: the same results within rounding, not the
     same bits; a row's chunks start at its first token in the launch, so its bits depend
-    on where its tokens were split into launches; for long prefill rows: three launches
-    and ``T_total * HV * (2 K + V + 1)`` plus ``cdiv(T_total, {chunk}) * (HV * K * V)``
-    fp32 of scratch (and an int32 a {chunk} tokens), faster than token by token on a few
-    long rows: docs/status.md).
+    on where its tokens were split into launches; for long prefill rows: two launches and
+    ``T_total * HV * (3 K + V + {chunk} + 1)`` fp32 of scratch, faster than token by token
+    on a few long rows: docs/status.md).
 
     A row with a block it uses outside ``[-1, NB)``, a spec row of more than ``1 + S``
     tokens, or its own two ``cu_seqlens`` entries outside ``[0, T_total]`` or decreasing is

@@ -9,9 +9,8 @@ shape and dtype, which outputs alias which inputs (in-place arrays are passed tw
 kernel reads and writes them through the output pointer), which inputs are reinterpreted
 as same-width integers, and whether there is nothing to launch (an empty batch). An
 operation of two launches states the first as the plan's ``before`` stage, whose outputs
-are scratch arrays the second reads; one of three states the last as its ``after`` stage,
-which updates the plan's outputs in place from that scratch. A backend then needs one
-generic launcher and nothing per operation.
+are scratch arrays the second reads. A backend then needs one generic launcher and nothing
+per operation.
 """
 
 from __future__ import annotations
@@ -91,40 +90,20 @@ class LaunchPlan:
     out_specs: Mapping[str, Output] = field(default_factory=dict)  # every non-aliased output
     constexprs: Mapping[str, Any] = field(default_factory=dict)
     num_warps: int = 4
-    #: Triton's software-pipelining depth of the kernel's loops; None: Triton's default
-    num_stages: Optional[int] = None
     aliases: Mapping[str, str] = field(default_factory=dict)  # output name -> input name
     views: Mapping[str, str] = field(default_factory=dict)  # input -> same-width dtype
     skip: bool = False  # nothing to compute: outputs allocated, in-place arrays untouched
     #: plans launched first, in order, on the same arrays; their outputs (scratch, never
     #: returned) join the arrays by name, as inputs of the later plans and of this one
     before: Tuple["LaunchPlan", ...] = ()
-    #: plans launched after this one, in order, on the same arrays: they read the inputs,
-    #: the before stages' scratch and this plan's outputs, and update some of those outputs
-    #: in place (each aliased to itself), writing nothing else
-    after: Tuple["LaunchPlan", ...] = ()
-    #: outputs with a spec that only the after stages read: scratch, never returned
-    scratch: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for f in ("out_specs", "constexprs", "aliases", "views"):  # plans are cached, shared
             object.__setattr__(self, f, MappingProxyType(dict(getattr(self, f))))
         object.__setattr__(self, "before", tuple(self.before))
-        object.__setattr__(self, "after", tuple(self.after))
-        object.__setattr__(self, "scratch", tuple(self.scratch))
-        if set(self.scratch) - set(self.out_specs) or (self.scratch and not self.after):
-            raise ValueError(f"{self.name}: scratch outputs need a spec and an after stage "
-                             "that reads them")
-        if any(p.out_specs or p.views or p.before or p.after or p.skip != self.skip
-               or set(p.outputs) - set(self.outputs)
-               or any(p.aliases.get(n) != n for n in p.outputs) for p in self.after):
-            raise ValueError(f"{self.name}: an after stage updates outputs of the plan in "
-                             "place (each aliased to itself), writes nothing else, and runs "
-                             "when the plan does")
         read = {n for p in self.before for n in p.inputs}
         scratch = [n for p in self.before for n in p.outputs]
-        if (any(p.aliases or p.views or p.before or p.after or p.skip != self.skip
-                for p in self.before)
+        if (any(p.aliases or p.views or p.before or p.skip != self.skip for p in self.before)
                 or len(set(scratch)) < len(scratch)
                 or set(scratch) & (read | set(self.outputs))):
             raise ValueError(f"{self.name}: a before stage reads its inputs and writes scratch "
@@ -157,16 +136,13 @@ class LaunchPlan:
 
     @property
     def launch_options(self) -> Dict[str, int]:
-        """Triton's launch options of this plan: ``num_warps``, and ``num_stages`` and
-        ``maxnreg`` where set."""
-        return {"num_warps": self.num_warps,
-                **({"num_stages": self.num_stages} if self.num_stages else {}),
-                **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
+        """Triton's launch options of this plan: ``num_warps``, and ``maxnreg`` if set."""
+        return {"num_warps": self.num_warps, **({"maxnreg": self.maxnreg} if self.maxnreg else {})}
 
     @property
     def returned(self) -> Tuple[str, ...]:
-        """The outputs that are new arrays (not updated in place, not scratch)."""
-        return tuple(n for n in self.outputs if n not in self.aliases and n not in self.scratch)
+        """The outputs that are new arrays (not updated in place)."""
+        return tuple(n for n in self.outputs if n not in self.aliases)
 
     @property
     def name(self) -> str:

@@ -100,24 +100,18 @@ def _tf32_parts(x):
 
 
 @triton.jit
-def chunk_mma(a, b, acc):
-    """``acc + a @ b`` in fp32 at ``DOT_PRECISION``; TF32x3 written out: both operands split
-    by :func:`_tf32_parts`, then three TF32 products into ``acc``, the small terms first
-    (Triton's own TF32x3 guards every element against inf and NaN: about 30 % more
-    instructions in the chunked kernels' loops, benchmarks/README.md)."""
+def chunk_dot(a, b):
+    """``a @ b`` in fp32 at ``DOT_PRECISION``; TF32x3 written out: both operands split by
+    :func:`_tf32_parts`, then three TF32 products, the small terms first (Triton's own
+    TF32x3 guards every element against inf and NaN: about 30 % more instructions in the
+    chunked kernels' loops, benchmarks/README.md)."""
     if DOT_PRECISION == "tf32x3":
         a_big, a_small = _tf32_parts(a)
         b_big, b_small = _tf32_parts(b)
-        acc = tl.dot(a_small, b_big, acc, input_precision="tf32")
+        acc = tl.dot(a_small, b_big, input_precision="tf32")
         acc = tl.dot(a_big, b_small, acc, input_precision="tf32")
         return tl.dot(a_big, b_big, acc, input_precision="tf32")
-    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def chunk_dot(a, b):
-    """``a @ b`` as :func:`chunk_mma` forms it."""
-    return chunk_mma(a, b, tl.zeros((a.shape[0], b.shape[1]), tl.float32))
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
 @triton.jit

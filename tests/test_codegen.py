@@ -161,8 +161,7 @@ def conv(B, T):
 
 # a spec step of the conv: 1 + S tokens per row (256 channels a program)
 plans = {"gdn": gdn(64), "gdn_small": gdn(1), "gdn_chunked": gdn(64, "chunked"),
-         "gdn_prepare": gdn(64, "chunked").before[0],
-         "gdn_chunk_output": gdn(64, "chunked").after[0], "ssu_chunked": ssu(64, "chunked"),
+         "gdn_prepare": gdn(64, "chunked").before[0], "ssu_chunked": ssu(64, "chunked"),
          "conv": conv(64, 1 + S), "conv_decode": conv(64, 1)}
 out = {}
 for name, plan in plans.items():

@@ -13,7 +13,7 @@ from mamba_align.core import Fault, new_errors
 from mamba_align.kernels import ArraySpec, plan_gated_delta_rule
 from mamba_align.kernels.gdn_chunked import CHUNK
 
-# rows: a prefill of 70 tokens (a whole chunk and a ragged one) from a read block; one
+# rows: a prefill of 70 tokens (two whole chunks and a ragged one) from a read block; one
 # token from a zero state; a spec row of 3 candidates reading one of its write blocks; an
 # empty row; a prefill of exactly one chunk, reading and writing the same block; a row of
 # a chunk and one token with no write block
@@ -87,7 +87,7 @@ def test_long_rows_with_little_or_much_decay(device_backend, g_range, change):
 
 
 def test_a_long_row_does_not_drift(device_backend):
-    # 1024 tokens (1024 / CHUNK chunks) of little decay: the state carried from chunk to chunk keeps
+    # 1024 tokens (64 chunks) of little decay: the state carried from chunk to chunk keeps
     # the reference within a few 1e-7 of its largest value (the token-by-token kernel's
     # order of error; 5e-6 leaves room for the GPU's fp32 sums)
     rng = np.random.default_rng(3)
@@ -101,16 +101,15 @@ def test_a_long_row_does_not_drift(device_backend):
 
 
 def test_spec_rows_longer_than_a_chunk(device_backend):
-    # a window of CHUNK + 6 write blocks: spec rows of CHUNK + 6 and CHUNK + 3 tokens, each
-    # candidate's state from the chunk that holds its token
+    # a window of 20 write blocks: spec rows of 20 and 17 tokens, each candidate's state
+    # from the chunk that holds its token
     rng = np.random.default_rng(9)
-    win, n2 = CHUNK + 6, CHUNK + 3
-    cu = np.array([0, win, win + n2])
+    win = 20
+    cu = np.array([0, win, win + 17])
     pool, q, k, v, gates = inputs(rng, cu, 1, 2, 16, 16)
-    pool = np.concatenate([pool] * -(-(2 * win + 2) // NB), axis=1)
-    wbs = np.array([np.arange(1, 1 + win), np.r_[np.arange(win + 2, win + 2 + n2),
-                                                  [-1] * (win - n2)]])
-    args = (pool, q, k, v, gates, cu, [0, win + 1], wbs, [1, 1])
+    pool = np.concatenate([pool] * 4, axis=1)  # 48 blocks
+    wbs = np.array([np.arange(1, 1 + win), np.r_[np.arange(24, 24 + 17), [-1] * 3]])
+    args = (pool, q, k, v, gates, cu, [0, 44], wbs, [1, 1])
     o, out, err = run(device_backend, *args, layer=1, use_qk_l2norm=True)
     ro, rout, _ = make_backend("reference").gdn(*args, layer=1, use_qk_l2norm=True)
     assert err.tolist() == [0, 2**31 - 1]
@@ -174,7 +173,7 @@ def test_a_row_gives_the_same_bits_in_any_batch(device_backend):
     np.testing.assert_array_equal(out1[1, 1], out[1, 1])
 
 
-@pytest.mark.parametrize("cut", [45, CHUNK])
+@pytest.mark.parametrize("cut", [45, 3 * CHUNK])
 def test_a_row_split_over_two_launches(device_backend, cut):
     # chunks start at each launch's first token: a cut inside a chunk gives the reference
     # within rounding, a cut on a chunk's boundary the bits of the whole row (fp32 pool)
@@ -215,25 +214,6 @@ def test_faulty_rows_are_flagged_and_write_nothing(device_backend):
     close(o[bad:], ro[bad:], 1e-5)
     assert (np.delete(out[1], 8, axis=0) == np.delete(pool[1], 8, axis=0)).all()
     close(out[1, 8], rout[1, 8], 1e-5)
-
-
-def test_rows_beside_a_backwards_row_get_their_later_chunks(device_backend):
-    # cu_seqlens not increasing: row 1 runs backwards (BAD_CU_SEQLENS), rows 0 and 2 share
-    # no token and run on their ranges, each with a later chunk; a search of cu_seqlens
-    # for the row of token 64 lands on row 0 (it starts at 200) and missed row 2's
-    rng = np.random.default_rng(13)
-    cu = np.array([200, 300, 0, 100])
-    pool, q, k, v, gates = inputs(rng, np.array([0, 300]), 1, 1, 16, 16)
-    rb, wbs, spec = np.array([1, 2, 3]), np.array([[4, -1, -1], [5, -1, -1], [6, -1, -1]]), \
-        np.zeros(3, np.int64)
-    o, out, err = run(device_backend, pool, q, k, v, gates, cu, rb, wbs, spec, layer=1)
-    ro, rout, rerr = make_backend("reference").gdn(pool, q, k, v, gates, cu, rb, wbs, spec,
-                                                   layer=1)
-    assert err.tolist() == rerr.tolist() and Fault(int(err[0])) == Fault.BAD_CU_SEQLENS
-    for lo, hi in ((0, 100), (200, 300)):
-        close(o[lo:hi], ro[lo:hi], 1e-5)
-    for b in (4, 6):
-        close(out[1, b], rout[1, b], 1e-5)
 
 
 def test_torch_compile_and_jax_jit_give_the_eager_bits():
@@ -340,24 +320,39 @@ def test_an_unknown_algorithm_is_refused():
                               use_qk_l2norm=False, layout="VK", algorithm="parallel")
 
 
-# a row of four chunks, one of a chunk and a token, a decode row
-def test_the_three_launches():
-    from mamba_align.kernels import gdn_chunked as gc
-    cu = [0, 4 * CHUNK, 5 * CHUNK + 1, 5 * CHUNK + 2]
-    T, rows, HV, K, V = cu[-1], len(cu) - 1, 4, 128, 96
-    plan = chunked_plan(T, rows, 2, HV, K, V)
-    (prepare,), (output,) = plan.before, plan.after
-    # step 1: every chunk of an average row (two) at once; step 2: the token-by-token
-    # kernel's grid; step 3: a program per slot of chunk_h, head and value tile
-    assert prepare.grid == (rows * HV * 2,) and prepare.constexprs["SPLIT"] == 2
-    assert plan.grid == (rows * HV * -(-V // gc.BV),)
-    assert output.grid == (-(-T // CHUNK) * HV * -(-V // gc.OUT_BV),)
-    assert {n: o.shape for n, o in prepare.out_specs.items()} == {
-        "chunk_g": (T, HV), "chunk_w": (T, HV, K), "chunk_u": (T, HV, V), "chunk_k": (T, HV, K)}
-    assert plan.scratch == ("chunk_h", "chunk_row") and plan.returned == ("o",)
-    assert plan.out_specs["chunk_h"].shape == (-(-T // CHUNK), HV, K, V)
-    row = plan.out_specs["chunk_row"]
-    assert (row.shape, row.dtype) == ((-(-T // CHUNK),), "int32")
-    assert dict(output.aliases) == {"o": "o"} and {"chunk_h", "chunk_row"} <= set(output.inputs)
-    assert (prepare.num_warps, plan.num_warps, output.num_warps) == (
-        gc.PREPARE_WARPS, gc.NUM_WARPS, gc.OUT_WARPS)
+# (rows, HV, V): 128 programs, 256, 132 and 133 (one value tile of 32 columns a head)
+@pytest.mark.parametrize("rows,HV,V", [(1, 32, 128), (2, 32, 128), (1, 132, 32), (1, 133, 32)])
+def test_step_2_takes_more_warps_while_its_grid_fits_one_wave(rows, HV, V):
+    from mamba_align.kernels import gdn_chunked
+    plan = chunked_plan(64 * rows, rows, 1, HV, 128, V)
+    programs = plan.grid[0]
+    assert programs == rows * HV * V // gdn_chunked.BV
+    few = programs <= gdn_chunked.ONE_WAVE
+    assert few == (programs <= 132)
+    assert plan.num_warps == (gdn_chunked.FEW_PROGRAMS_WARPS if few else gdn_chunked.NUM_WARPS)
+    assert plan.before[0].num_warps == gdn_chunked.PREPARE_WARPS
+
+
+@pytest.mark.parametrize("H,HV,K,V,layout", [c[:5] for c in CASES]
+                         + [(1, 2, 48, 40, "VK"), (2, 2, 64, 32, "KV")])
+def test_either_warp_count_gives_the_same_bits(device_backend, monkeypatch, H, HV, K, V, layout):
+    # step 2's warps follow its grid, so a row alone and in a large batch run different
+    # binaries; its bits must not depend on the batch (docs/semantics.md §4): CU's rows
+    # (ragged, spec, one-token, empty) once on each warp count
+    from mamba_align.kernels import clear_plan_caches, gdn_chunked
+    rng = np.random.default_rng(11)
+    pool, q, k, v, gates = inputs(rng, CU, H, HV, K, V, layout=layout)
+    got, warps = [], []
+    try:
+        for one_wave in (10 ** 9, 0):
+            monkeypatch.setattr(gdn_chunked, "ONE_WAVE", one_wave)
+            clear_plan_caches()
+            warps.append(chunked_plan(int(CU[-1]), len(RB), H, HV, K, V, layout).num_warps)
+            got.append(run(device_backend, pool, q, k, v, gates, layer=1, layout=layout))
+    finally:
+        monkeypatch.undo()
+        clear_plan_caches()
+    assert warps == [gdn_chunked.FEW_PROGRAMS_WARPS, gdn_chunked.NUM_WARPS]
+    assert got[0][2].tolist() == got[1][2].tolist() == new_errors().tolist()
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])

@@ -139,11 +139,16 @@ def test_more_than_65535_programs(op):
     assert got[2].tolist() == want[2].tolist()
 
 
-def test_a_chunked_row_gives_its_bits_in_any_batch():
-    # a row alone (128 programs of step 2 at these shapes) and beside another (256): its
-    # bits must not depend on the batch (docs/semantics.md §4)
+def test_a_chunked_row_gives_its_bits_on_either_warp_count():
+    # step 2 of the chunked rule runs 8 warps while its grid fits one wave, 4 beyond it; a
+    # row alone (128 programs at these shapes) and beside another (256) take one each, and
+    # its bits must not depend on the batch (docs/semantics.md §4)
+    from gdn_cases import chunked_plan
+
     from mamba_align.core import new_errors
     rng, n0, n1 = np.random.default_rng(5), 85, 45  # a ragged last chunk in the first
+    assert chunked_plan(n0, 1, 16, 32, 128, 128).num_warps != chunked_plan(
+        n0 + n1, 2, 16, 32, 128, 128).num_warps
     pool = (0.1 * rng.normal(size=(2, 4, 32, 128, 128))).astype(np.float32)
     q, k = (rng.normal(size=(n0 + n1, 16, 128)).astype(np.float32) for _ in range(2))
     v = rng.normal(size=(n0 + n1, 32, 128)).astype(np.float32)

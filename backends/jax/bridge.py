@@ -108,9 +108,7 @@ def _scalar(name: str, v):
 
 def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
     """Run ``plan`` on JAX arrays (every input by name); returns ``{output name: array}``.
-    Its ``before`` stages run first; their scratch outputs join the inputs by name. Its
-    ``after`` stages run last, each on the arrays so far, and replace the outputs they
-    update."""
+    Its ``before`` stages run first; their scratch outputs join the inputs by name."""
     if plan.before:
         arrays = dict(arrays)
         for stage in plan.before:
@@ -129,14 +127,7 @@ def launch(plan, arrays: Mapping[str, Any]) -> Dict[str, jax.Array]:
         outs = _launch_gpu(plan, inputs, scalar_values, specs)
     else:
         outs = _launch_interpreter(plan, inputs, scalar_values, specs)
-    outs = dict(zip(plan.outputs, outs))
-    if plan.after:
-        arrays = dict(arrays, **outs)
-        for stage in plan.after:
-            updated = launch(stage, arrays)
-            arrays.update(updated)
-            outs.update(updated)
-    return {n: a for n, a in outs.items() if n not in plan.scratch}
+    return dict(zip(plan.outputs, outs))
 
 
 def _launch_gpu(plan, inputs, scalar_values, specs):
@@ -154,7 +145,6 @@ def _launch_gpu(plan, inputs, scalar_values, specs):
     shapes = {"out_shape" if _JT_VERSION < (0, 4) else "out_type": specs}
     outs = jt.triton_call(*inputs, *scalar_values, kernel=plan.kernel, grid=plan.grid,
                           num_warps=plan.num_warps, input_output_aliases=aliases, **shapes,
-                          **({"num_stages": plan.num_stages} if plan.num_stages else {}),
                           **plan.constexprs)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 

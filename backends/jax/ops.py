@@ -93,7 +93,7 @@ def launch(op: K.Op, arrays: Mapping[str, Array], statics: Mapping[str, Any]) ->
         return {n: arrays[plan.aliases[n]] if n in plan.aliases
                 else jnp.zeros(plan.out_specs[n].shape,
                                jax.dtypes.canonicalize_dtype(plan.out_specs[n].dtype))
-                for n in plan.outputs if n not in plan.scratch}
+                for n in plan.outputs}
     names = tuple(arrays)
 
     @jax.custom_jvp
