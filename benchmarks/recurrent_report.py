@@ -24,15 +24,12 @@ def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def recurrent_md(results: Path) -> str:
-    """The recurrent kernels against fla (``bench_recurrent.py``): per-B table, targets."""
-    head = "## Recurrent kernels: gated delta rule and causal conv1d update\n\n"
-    path = results / "recurrent_h200.json"
-    if not path.exists():
-        return head + "Not measured."
-    data = json.loads(path.read_text())
+def _run_lines(data: Dict[str, Any]) -> List[str]:
+    """One run's description (card, shapes, timing, what fla is called as) and its
+    table: every decode, spec, prefill and whole-step row of ``data``."""
     h = data["header"]
-    rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r for r in data["records"]}
+    rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r
+           for r in data["records"]}
     shp = h["shapes"]
     sd_note = (" (`conv_sd` rows: the same windows in an SD pool, whose window rows are "
                "contiguous; their fla columns repeat fla's `[B, D, K]` cache)"
@@ -96,6 +93,20 @@ def recurrent_md(results: Path) -> str:
               "crossing decode rows):", "", "| op | method | B | µs |", "|---|---|---:|---:|"]
     lines += [f"| {r['op']} | {r['method']} | {r['batch']} | {r['ms'] * 1e3:.1f} |"
               for r in data["records"] if r["op"] in ("prefill", "step")]
+    return lines
+
+
+def recurrent_md(results: Path) -> str:
+    """The recurrent kernels against fla (``bench_recurrent.py``): per-B table, targets."""
+    head = "## Recurrent kernels: gated delta rule and causal conv1d update\n\n"
+    path = results / "recurrent_h200.json"
+    if not path.exists():
+        return head + "Not measured."
+    data = json.loads(path.read_text())
+    h = data["header"]
+    rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r for r in data["records"]}
+    shp = h["shapes"]
+    lines = _run_lines(data)
 
     def val(op, m, B, T=1, key="tbps"):
         r = rec.get((op, m, B, T))
@@ -202,7 +213,32 @@ def recurrent_md(results: Path) -> str:
     lines += ["", "What limits the missed ones: benchmarks/README.md (\"Recurrent kernels\").", "",
               "![recurrent kernels vs fla](benchmarks/results/recurrent_h200.png)", "",
               f"Source: `{_shown(path)}` (written by `benchmarks/bench_recurrent.py`)."]
-    return head + "\n".join(lines)
+    return head + "\n".join(lines + _other_cards(results, h["ceiling"]["tbps"]))
+
+
+#: later runs of ``bench_recurrent.py`` on other cards (renamed from its
+#: ``recurrent_h200.json``), shown after the H200 run, whose figures alone the targets read
+OTHER_CARDS = ("recurrent_h100.json",)
+
+
+def _other_cards(results: Path, ceiling: float) -> List[str]:
+    """A section per stored run on another card: its table, no targets (they are the H200's
+    figures; another card's copy ceiling differs)."""
+    out: List[str] = []
+    for name in OTHER_CARDS:
+        path = results / name
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        h = data["header"]
+        out += ["", f"### The same benchmark on another card: {h['device']}", "",
+                f"Not read by the targets above: this card's copy ceiling was "
+                f"{h['ceiling']['tbps']:.2f} TB/s against the H200 run's {ceiling:.2f}. It "
+                f"ran the kernels of its date, which may be newer than the H200 run's.", "",
+                *_run_lines(data), "",
+                f"Source: `{_shown(path)}` (`bench_recurrent.py`'s `recurrent_h200.json`, "
+                f"renamed for the card it ran on)."]
+    return out
 
 
 #: the conv update's same-run probe at the kernel's own tiles (probe_conv_update.py --label

@@ -88,6 +88,36 @@ def test_the_pooled_bound_is_the_ceiling_over_fla_pooled(report):
     assert "at B = 64, 256" in md
 
 
+
+def test_another_cards_run_is_shown_apart_and_never_read_by_the_targets(tmp_path):
+    """A stored run on another card (recurrent_h100.json) gets a section of its own after
+    the H200 run, with its own rows; the targets come from the H200 run alone, even where
+    the other run would meet one the H200 run misses."""
+    recurrent_md = _benchmark_function("recurrent_report", "recurrent_md")
+    h200 = json.loads((RESULTS / "recurrent_h200.json").read_text())
+    other = json.loads(json.dumps(h200))
+    other["header"]["device"] = "Some Other Card"
+    other["header"]["ceiling"]["tbps"] = 1.25
+    _set_tbps(h200, "gdn", "ours", 64, 3.5)  # missed on the H200
+    _set_tbps(other, "gdn", "ours", 64, 5.0)  # met on the other card
+    tokens = other["header"]["shapes"]["prefill"]
+    _record(other, "prefill", "ours", 1, tokens)["ms"] = 0.123456
+    (tmp_path / "recurrent_h200.json").write_text(json.dumps(h200))
+    alone = recurrent_md(tmp_path)
+    assert "Some Other Card" not in alone
+    (tmp_path / "recurrent_h100.json").write_text(json.dumps(other))
+    md = recurrent_md(tmp_path)
+    assert md.startswith(alone)
+    extra = md[len(alone):]
+    assert "### The same benchmark on another card: Some Other Card" in extra
+    assert "copy ceiling was 1.25 TB/s" in extra
+    assert "| prefill | ours | 1 | 123.5 |" in extra
+    assert "| gdn | 1 | 64 | " in extra and "| 5.00 |" in extra
+    assert "### Targets" not in extra
+    name = "gdn decode ≥ 3.9 TB/s at B ≥ 64"
+    assert _target(md, name) == _target(alone, name)
+    assert _target(md, name).endswith("**missed** |")
+
 def test_the_no_draft_pool_targets_read_their_own_rows(report):
     """Rows of a pool without drafts (``conv_s0``, ``conv_s0_sd``) get targets of their own,
     each against fla as timed on those windows; a run without them shows none."""
