@@ -24,9 +24,10 @@ def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def _run_lines(data: Dict[str, Any]) -> List[str]:
+def _run_lines(data: Dict[str, Any], h200: bool = True) -> List[str]:
     """One run's description (card, shapes, timing, what fla is called as) and its
-    table: every decode, spec, prefill and whole-step row of ``data``."""
+    table: every decode, spec, prefill and whole-step row of ``data``. ``h200``: the H200
+    run, whose caveat on fla's conv tuning cites an H200 probe."""
     h = data["header"]
     rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r
            for r in data["records"]}
@@ -58,7 +59,7 @@ def _run_lines(data: Dict[str, Any]) -> List[str]:
               "for the GDN state, so the conv state they cycle (24-48 MiB) and fla's single "
               "conv cache largely stay in the 50 MB L2: the conv figures are cache-warm, not "
               "HBM-bound, on both sides."),
-             *([] if h.get("fla_conv_tuned_per_batch") else [
+             *([] if h.get("fla_conv_tuned_per_batch") or not h200 else [
                  "- Caveat (fla's conv): its autotuner keys on (D, W) and, in fla 0.6.0, keeps "
                  "its results on disk, so the configuration it tuned at B = 1 served every B of "
                  "this run; the benchmark's reset did not reach the disk copy. A probe the same "
@@ -97,7 +98,8 @@ def _run_lines(data: Dict[str, Any]) -> List[str]:
 
 
 def recurrent_md(results: Path) -> str:
-    """The recurrent kernels against fla (``bench_recurrent.py``): per-B table, targets."""
+    """The recurrent kernels against fla (``bench_recurrent.py``): the H200 run's per-B
+    table and targets, then each stored run on another card (:data:`OTHER_CARDS`)."""
     head = "## Recurrent kernels: gated delta rule and causal conv1d update\n\n"
     path = results / "recurrent_h200.json"
     if not path.exists():
@@ -213,7 +215,7 @@ def recurrent_md(results: Path) -> str:
     lines += ["", "What limits the missed ones: benchmarks/README.md (\"Recurrent kernels\").", "",
               "![recurrent kernels vs fla](benchmarks/results/recurrent_h200.png)", "",
               f"Source: `{_shown(path)}` (written by `benchmarks/bench_recurrent.py`)."]
-    return head + "\n".join(lines + _other_cards(results, h["ceiling"]["tbps"]))
+    return head + "\n".join(lines + _other_cards(results, h))
 
 
 #: later runs of ``bench_recurrent.py`` on other cards (renamed from its
@@ -221,9 +223,9 @@ def recurrent_md(results: Path) -> str:
 OTHER_CARDS = ("recurrent_h100.json",)
 
 
-def _other_cards(results: Path, ceiling: float) -> List[str]:
+def _other_cards(results: Path, h200: Dict[str, Any]) -> List[str]:
     """A section per stored run on another card: its table, no targets (they are the H200's
-    figures; another card's copy ceiling differs)."""
+    figures; another card's copy ceiling differs). ``h200``: the H200 run's header."""
     out: List[str] = []
     for name in OTHER_CARDS:
         path = results / name
@@ -231,11 +233,17 @@ def _other_cards(results: Path, ceiling: float) -> List[str]:
             continue
         data = json.loads(path.read_text())
         h = data["header"]
+        later = h["date"] > h200["date"]  # ISO 8601, one time zone
         out += ["", f"### The same benchmark on another card: {h['device']}", "",
                 f"Not read by the targets above: this card's copy ceiling was "
-                f"{h['ceiling']['tbps']:.2f} TB/s against the H200 run's {ceiling:.2f}. It "
-                f"ran the kernels of its date, which may be newer than the H200 run's.", "",
-                *_run_lines(data), "",
+                f"{h['ceiling']['tbps']:.2f} TB/s against the H200 run's "
+                f"{h200['ceiling']['tbps']:.2f}. "
+                + ("It ran after the H200 run (the dates below and above): where a kernel "
+                   "changed in between, its rows here are the newer kernel's, those above "
+                   "the older one's (docs/status.md says which changed)."
+                   if later else "It ran before the H200 run (the dates below and above)."),
+                "",
+                *_run_lines(data, h200=False), "",
                 f"Source: `{_shown(path)}` (`bench_recurrent.py`'s `recurrent_h200.json`, "
                 f"renamed for the card it ran on)."]
     return out
