@@ -218,8 +218,8 @@ def recurrent_md(results: Path) -> str:
     return head + "\n".join(lines + _other_cards(results, h))
 
 
-#: later runs of ``bench_recurrent.py`` on other cards (renamed from its
-#: ``recurrent_h200.json``), shown after the H200 run, whose figures alone the targets read
+#: runs of ``bench_recurrent.py`` on other cards (its ``recurrent_h200.json`` renamed),
+#: shown after the H200 run, whose figures alone the targets read
 OTHER_CARDS = ("recurrent_h100.json",)
 
 
