@@ -24,10 +24,9 @@ def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def _run_lines(data: Dict[str, Any], h200: bool = True) -> List[str]:
+def _run_lines(data: Dict[str, Any]) -> List[str]:
     """One run's description (card, shapes, timing, what fla is called as) and its
-    table: every decode, spec, prefill and whole-step row of ``data``. ``h200``: the H200
-    run, whose caveat on fla's conv tuning cites an H200 probe."""
+    table: every decode, spec, prefill and whole-step row of ``data``."""
     h = data["header"]
     rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r
            for r in data["records"]}
@@ -59,7 +58,7 @@ def _run_lines(data: Dict[str, Any], h200: bool = True) -> List[str]:
               "for the GDN state, so the conv state they cycle (24-48 MiB) and fla's single "
               "conv cache largely stay in the 50 MB L2: the conv figures are cache-warm, not "
               "HBM-bound, on both sides."),
-             *([] if h.get("fla_conv_tuned_per_batch") or not h200 else [
+             *([] if h.get("fla_conv_tuned_per_batch") else [
                  "- Caveat (fla's conv): its autotuner keys on (D, W) and, in fla 0.6.0, keeps "
                  "its results on disk, so the configuration it tuned at B = 1 served every B of "
                  "this run; the benchmark's reset did not reach the disk copy. A probe the same "
@@ -243,7 +242,7 @@ def _other_cards(results: Path, h200: Dict[str, Any]) -> List[str]:
                    "the older one's (docs/status.md says which changed)."
                    if later else "It ran before the H200 run (the dates below and above)."),
                 "",
-                *_run_lines(data, h200=False), "",
+                *_run_lines(data), "",
                 f"Source: `{_shown(path)}` (`bench_recurrent.py`'s `recurrent_h200.json`, "
                 f"renamed for the card it ran on)."]
     return out
