@@ -24,12 +24,16 @@ def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
+def _by_key(data: Dict[str, Any]) -> Dict[tuple, Dict[str, Any]]:
+    """A run's records by ``(op, method, batch, tokens_per_row)``."""
+    return {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r for r in data["records"]}
+
+
 def _run_lines(data: Dict[str, Any]) -> List[str]:
     """One run's description (card, shapes, timing, what fla is called as) and its
     table: every decode, spec, prefill and whole-step row of ``data``."""
     h = data["header"]
-    rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r
-           for r in data["records"]}
+    rec = _by_key(data)
     shp = h["shapes"]
     sd_note = (" (`conv_sd` rows: the same windows in an SD pool, whose window rows are "
                "contiguous; their fla columns repeat fla's `[B, D, K]` cache)"
@@ -105,7 +109,7 @@ def recurrent_md(results: Path) -> str:
         return head + "Not measured."
     data = json.loads(path.read_text())
     h = data["header"]
-    rec = {(r["op"], r["method"], r["batch"], r["tokens_per_row"]): r for r in data["records"]}
+    rec = _by_key(data)
     shp = h["shapes"]
     lines = _run_lines(data)
 
